@@ -1,0 +1,86 @@
+"""Device and cluster specs: compute speed, memory, and link alpha/bandwidth.
+
+Figures are public numbers (../shared/DESIGN.md, "Calibration figures"):
+peak dense bf16 from the vendors' datasheets (H100 SXM ~989 TFLOP/s, A100 ~312,
+V100 fp16 ~125), NVSwitch collectives from nccl-tests measurements on 8x H100
+(AllGather/ReduceScatter ~30 us and ~394 GB/s algbw), and the 1 GbE figures the
+seed prototype measured (alpha 0.235 ms, 98 MB/s). Compute time uses a
+model-FLOPs-utilisation factor (`mfu`) rather than peak.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    alpha_seconds: float
+    """Per-message (per ring step) latency."""
+    bandwidth: float
+    """Bytes per second one worker moves on this link (algbw of a point-to-point step)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceSpec:
+    name: str
+    peak_flops: float
+    """Peak dense FLOP/s in the compute dtype."""
+    mfu: float
+    """Fraction of peak a transformer step reaches (model FLOPs utilisation)."""
+    memory_bytes: int
+    """Device memory per worker."""
+    intra: Link
+    """Link between workers of one node (NVLink/NVSwitch, or shared memory)."""
+    inter: Link
+    """Link between nodes (InfiniBand/RoCE/Ethernet), per worker."""
+
+    @property
+    def flops(self) -> float:
+        return self.peak_flops * self.mfu
+
+
+DEVICES: dict[str, DeviceSpec] = {
+    # 2-core CPU worker, gloo over loopback: ~50 GFLOP/s achieved fp32 matmul.
+    "cpu": DeviceSpec(name="cpu", peak_flops=100e9, mfu=0.5, memory_bytes=24 * GiB,
+                      intra=Link(alpha_seconds=50e-6, bandwidth=2e9),
+                      inter=Link(alpha_seconds=0.235e-3, bandwidth=98e6)),
+    # V100 SXM2: 125 TFLOP/s fp16, NVLink2 ~130 GB/s algbw, 100 Gb/s IB per GPU.
+    "v100": DeviceSpec(name="v100", peak_flops=125e12, mfu=0.35, memory_bytes=32 * GiB,
+                       intra=Link(alpha_seconds=25e-6, bandwidth=130e9),
+                       inter=Link(alpha_seconds=10e-6, bandwidth=11e9)),
+    # A100 SXM4: 312 TFLOP/s bf16, NVLink3 ~230 GB/s algbw, 200 Gb/s HDR IB per GPU.
+    "a100": DeviceSpec(name="a100", peak_flops=312e12, mfu=0.4, memory_bytes=80 * GiB,
+                       intra=Link(alpha_seconds=25e-6, bandwidth=230e9),
+                       inter=Link(alpha_seconds=10e-6, bandwidth=22e9)),
+    # H100 SXM: 989 TFLOP/s bf16; NVSwitch AllGather ~30 us, ~394 GB/s algbw (nccl-tests);
+    # 400 Gb/s NDR IB per GPU.
+    "h100": DeviceSpec(name="h100", peak_flops=989e12, mfu=0.4, memory_bytes=80 * GiB,
+                       intra=Link(alpha_seconds=30e-6, bandwidth=394e9),
+                       inter=Link(alpha_seconds=10e-6, bandwidth=45e9)),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    world: int
+    """Number of data-parallel workers."""
+    gpus_per_node: int
+    """Workers per node; must divide world."""
+    device: DeviceSpec
+
+    def __post_init__(self):
+        if self.world < 1:
+            raise ValueError(f"world must be >= 1, got {self.world}")
+        if self.gpus_per_node < 1 or self.world % min(self.world, self.gpus_per_node):
+            raise ValueError(f"gpus-per-node ({self.gpus_per_node}) must divide world ({self.world})")
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.world // self.gpus_per_node)
+
+    @property
+    def local(self) -> int:
+        """Workers per node actually used (world may be smaller than a node)."""
+        return min(self.world, self.gpus_per_node)

@@ -1,0 +1,138 @@
+"""The Plan: units, strategies, schedule, predictions, and how it was solved.
+
+Plain frozen data, kept apart from the code that makes it (`plan.build`,
+`plan.milp`, `plan.greedy`) and the code that applies it (`runtime.parallelize`).
+Its JSON keys are a contract other tools read (../shared/DESIGN.md, "Contracts").
+"""
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+
+from shardsched._json import from_dict, to_dict
+
+PLAN_VERSION = 1
+
+
+class Strategy(str, enum.Enum):
+    """How one unit is data-parallel."""
+
+    REPLICATE = "replicate"
+    """DDP: full replica, gradients all-reduced."""
+    SHARD_GRAD_OP = "shard_grad_op"
+    """ZeRO-2: gathered once before forward, kept until its backward ends."""
+    FULL_SHARD = "full_shard"
+    """ZeRO-3: gathered before forward, freed after it, gathered again for backward."""
+
+
+class Precision(str, enum.Enum):
+    FP32 = "fp32"
+    """Everything in fp32: 4-byte params, grads and compute copies."""
+    BF16_MIXED = "bf16-mixed"
+    """fp32 master params and grads at rest, bf16 gathered params and compute."""
+
+
+class Optimizer(str, enum.Enum):
+    ADAM = "adam"
+    """Adam/AdamW: two fp32 moments, 8 bytes per parameter."""
+    SGD = "sgd"
+    """SGD with momentum: one fp32 buffer, 4 bytes per parameter."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Unit:
+    """Consecutive layers sharded and communicated together (one `fully_shard`)."""
+
+    name: str
+    """The unit's name: the module path `fully_shard` is applied to (its first layer
+    when it is a single layer, else the first layer's path plus "+")."""
+    layers: tuple[str, ...]
+    """Module paths of its layers, in execution order."""
+    strategy: Strategy
+    params: int
+    """Parameter count (elements)."""
+    forward_prefetch: tuple[str, ...] = ()
+    """Units whose AllGather is launched at the start of this unit's forward."""
+    backward_prefetch: tuple[str, ...] = ()
+    """Units whose AllGather is launched at the start of this unit's backward."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryBreakdown:
+    """Per-worker bytes at the predicted peak, by kind."""
+
+    params: int = 0
+    grads: int = 0
+    optimizer: int = 0
+    activations: int = 0
+    comm_buffers: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.activations + self.comm_buffers
+
+
+@dataclass(frozen=True, kw_only=True)
+class Predicted:
+    peak_bytes: int = 0
+    step_seconds: float = 0.0
+    compute_seconds: float = 0.0
+    exposed_comm_seconds: float = 0.0
+    lower_bound_seconds: float = 0.0
+    model_states_bytes: int = 0
+    memory: MemoryBreakdown = MemoryBreakdown()
+    peak_at: str = ""
+    """The compute step where the peak occurs, e.g. "B:blocks.3" or "opt"."""
+    comm_seconds: float = 0.0
+    """Total communication time on the wire (all collectives, serial)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SolverInfo:
+    name: str = "uniform"
+    """"highs", "greedy", "uniform", "brute" or "manual"."""
+    status: str = "n/a"
+    gap: float = 0.0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    version: int = PLAN_VERSION
+    fingerprint: str
+    model: str = ""
+    world: int
+    gpus_per_node: int
+    memory_budget_bytes: int | None = None
+    precision: Precision = Precision.FP32
+    optimizer: Optimizer = Optimizer.ADAM
+    device: str = "cpu"
+    micro_batch: int = 1
+    seq: int = 0
+    units: tuple[Unit, ...]
+    predicted: Predicted = Predicted()
+    solver: SolverInfo = SolverInfo()
+    notes: tuple[str, ...] = ()
+    """Human-readable remarks: why strategies were chosen, oversized layers, ..."""
+    extra: dict = field(default_factory=dict)
+
+    def unit(self, name: str) -> Unit:
+        for u in self.units:
+            if u.name == name:
+                return u
+        raise KeyError(name)
+
+    def to_json(self) -> str:
+        return json.dumps(to_dict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        """Parse a plan; ValueError with one line on anything malformed."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"plan is not valid JSON ({e.msg} at line {e.lineno})") from None
+        if not isinstance(data, dict) or data.get("version") != PLAN_VERSION:
+            raise ValueError(f"plan has no 'version': {PLAN_VERSION} (not a shardsched plan, or another schema)")
+        return from_dict(cls, data)

@@ -1,0 +1,65 @@
+"""Profile: what the planner knows about a model, layer by layer.
+
+A profile is measured (`profile.measure`) on this machine or derived analytically
+(`profile.analytic`) from a transformer config and a device spec. Either way it is
+the same frozen, JSON-round-tripping data.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from shardsched._json import from_dict, to_dict
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerProfile:
+    """One layer: an atomic module in execution order."""
+
+    name: str
+    """Module path as `model.named_modules()` spells it, e.g. "blocks.3"."""
+    params: int
+    """Number of parameters (elements, not bytes) owned by this layer."""
+    forward_seconds: float
+    """Forward compute time for one micro-batch."""
+    backward_seconds: float
+    """Backward compute time for one micro-batch (about 2x forward for matmuls)."""
+    activation_bytes: int
+    """Bytes the layer's forward keeps alive for its backward (saved tensors)."""
+    children: tuple["LayerProfile", ...] = ()
+    """Parameter-holding children, for tensor partitioning of a large layer."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Profile:
+    """Per-layer costs of one model for one micro-batch."""
+
+    model: str
+    """A human name: preset name, `gpt:...` spec or `python:module:function`."""
+    layers: tuple[LayerProfile, ...]
+    """Layers in forward execution order."""
+    fingerprint: str
+    """Hash of the model structure (parameter names and shapes); see `fingerprint`."""
+    compute_dtype: str = "float32"
+    """Dtype the times and activation bytes were taken in: float32 or bfloat16."""
+    micro_batch: int = 1
+    """Sequences per worker per step that the times and activations refer to."""
+    seq: int = 0
+    """Tokens per sequence (0 when the model has no notion of one)."""
+    input_bytes: int = 0
+    """Bytes of the example inputs (tokens, targets) held through the step."""
+    source: str = "analytic"
+    """"measured" or "analytic"."""
+    extra: dict = field(default_factory=dict)
+    """Free-form provenance (device, config)."""
+
+    @property
+    def params(self) -> int:
+        return sum(layer.params for layer in self.layers)
+
+    def to_json(self) -> str:
+        return json.dumps(to_dict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Profile":
+        return from_dict(cls, json.loads(text))
