@@ -17,7 +17,8 @@ GiB = 1 << 30
 @dataclass(frozen=True, kw_only=True)
 class Link:
     alpha_seconds: float
-    """Per-message (per ring step) latency."""
+    """Latency per ring step. nccl-tests report ~30 us for a whole 8-GPU AllGather,
+    i.e. ~30/7 us for each of its 7 ring steps."""
     bandwidth: float
     """Bytes per second one worker moves on this link (algbw of a point-to-point step)."""
 
@@ -35,6 +36,8 @@ class DeviceSpec:
     """Link between workers of one node (NVLink/NVSwitch, or shared memory)."""
     inter: Link
     """Link between nodes (InfiniBand/RoCE/Ethernet), per worker."""
+    memory_bandwidth: float = 1e12
+    """Bytes/s of device memory: the optimizer step is bound by it."""
 
     @property
     def flops(self) -> float:
@@ -45,20 +48,24 @@ DEVICES: dict[str, DeviceSpec] = {
     # 2-core CPU worker, gloo over loopback: ~50 GFLOP/s achieved fp32 matmul.
     "cpu": DeviceSpec(name="cpu", peak_flops=100e9, mfu=0.5, memory_bytes=24 * GiB,
                       intra=Link(alpha_seconds=50e-6, bandwidth=2e9),
-                      inter=Link(alpha_seconds=0.235e-3, bandwidth=98e6)),
+                      inter=Link(alpha_seconds=0.235e-3, bandwidth=98e6),
+                       memory_bandwidth=10e9),
     # V100 SXM2: 125 TFLOP/s fp16, NVLink2 ~130 GB/s algbw, 100 Gb/s IB per GPU.
     "v100": DeviceSpec(name="v100", peak_flops=125e12, mfu=0.35, memory_bytes=32 * GiB,
-                       intra=Link(alpha_seconds=25e-6, bandwidth=130e9),
-                       inter=Link(alpha_seconds=10e-6, bandwidth=11e9)),
+                       intra=Link(alpha_seconds=25e-6 / 7, bandwidth=130e9),
+                       inter=Link(alpha_seconds=5e-6, bandwidth=11e9),
+                       memory_bandwidth=900e9),
     # A100 SXM4: 312 TFLOP/s bf16, NVLink3 ~230 GB/s algbw, 200 Gb/s HDR IB per GPU.
     "a100": DeviceSpec(name="a100", peak_flops=312e12, mfu=0.4, memory_bytes=80 * GiB,
-                       intra=Link(alpha_seconds=25e-6, bandwidth=230e9),
-                       inter=Link(alpha_seconds=10e-6, bandwidth=22e9)),
+                       intra=Link(alpha_seconds=25e-6 / 7, bandwidth=230e9),
+                       inter=Link(alpha_seconds=5e-6, bandwidth=22e9),
+                       memory_bandwidth=2.0e12),
     # H100 SXM: 989 TFLOP/s bf16; NVSwitch AllGather ~30 us, ~394 GB/s algbw (nccl-tests);
     # 400 Gb/s NDR IB per GPU.
     "h100": DeviceSpec(name="h100", peak_flops=989e12, mfu=0.4, memory_bytes=80 * GiB,
-                       intra=Link(alpha_seconds=30e-6, bandwidth=394e9),
-                       inter=Link(alpha_seconds=10e-6, bandwidth=45e9)),
+                       intra=Link(alpha_seconds=30e-6 / 7, bandwidth=394e9),
+                       inter=Link(alpha_seconds=5e-6, bandwidth=45e9),
+                       memory_bandwidth=3.35e12),
 }
 
 

@@ -1,0 +1,77 @@
+"""make_plan: profile + cluster + strategy spec -> Plan with predictions.
+
+Uniform and override specs are planned here directly (block-size fusion,
+FSDP2's default one-ahead prefetch). "auto" is delegated to the MILP planner
+(`plan.auto`), which searches strategies, grouping and launch points together.
+"""
+from __future__ import annotations
+
+import time
+
+from shardsched.cost.comm import block_size_bytes
+from shardsched.cost.device import Cluster
+from shardsched.cost.memory import state_bytes
+from shardsched.errors import UsageError
+from shardsched.plan.schedule import make_scenario, units_with_schedule
+from shardsched.plan.spec import parse_strategy_spec
+from shardsched.plan.types import Optimizer, Plan, Precision, SolverInfo, Strategy
+from shardsched.plan.units import group_layers, unit_cost
+from shardsched.profile.types import Profile
+from shardsched.sim.scenario import Scenario, default_launch
+from shardsched.sim.simulate import simulate
+
+
+def make_plan(profile: Profile, cluster: Cluster, *, strategy: str = "full_shard",
+              precision: str | Precision = Precision.FP32, optimizer: str | Optimizer = Optimizer.ADAM,
+              memory_budget_bytes: int | None = None, fuse: bool = True,
+              prefetch_ahead: int = 1, time_limit: float = 10.0) -> Plan:
+    """The plan for `strategy` (see `plan.spec`); "auto" needs a memory budget."""
+    precision, optimizer = Precision(precision), Optimizer(optimizer)
+    spec = parse_strategy_spec(strategy)
+    if spec.auto:
+        from shardsched.plan.auto import auto_plan  # the MILP is heavier: import on demand
+        return auto_plan(profile, cluster, spec=spec, precision=precision, optimizer=optimizer,
+                         memory_budget_bytes=memory_budget_bytes, time_limit=time_limit)
+    t0 = time.perf_counter()
+    per_layer = spec.for_layers([layer.name for layer in profile.layers])
+    strategies = [per_layer[layer.name] for layer in profile.layers]
+    block = block_size_bytes(cluster) // state_bytes(precision, optimizer).unsharded_param if fuse else 0
+    groups = group_layers(profile, strategies, block_params=block)
+    costs = [unit_cost([profile.layers[i] for i in g]) for g in groups]
+    strats = [strategies[g[0]] for g in groups]
+    fwd, bwd = default_launch(tuple(strats), ahead=prefetch_ahead)
+    sc = make_scenario(costs, strats, fwd, bwd, profile=profile, cluster=cluster,
+                       precision=precision, optimizer=optimizer)
+    solver = SolverInfo(name="uniform" if not spec.overrides else "manual", status="given",
+                        seconds=time.perf_counter() - t0)
+    return plan_from_scenario(sc, profile=profile, memory_budget_bytes=memory_budget_bytes,
+                              solver=solver, precision=precision, optimizer=optimizer)
+
+
+def plan_from_scenario(sc: Scenario, *, profile: Profile, memory_budget_bytes: int | None,
+                       solver: SolverInfo, precision: Precision, optimizer: Optimizer,
+                       notes: tuple[str, ...] = ()) -> Plan:
+    pred = simulate(sc).predicted
+    notes = notes + tuple(budget_notes(pred.peak_bytes, memory_budget_bytes))
+    return Plan(fingerprint=profile.fingerprint, model=profile.model, world=sc.cluster.world,
+                gpus_per_node=sc.cluster.gpus_per_node, memory_budget_bytes=memory_budget_bytes,
+                precision=precision, optimizer=optimizer, device=sc.cluster.device.name,
+                micro_batch=profile.micro_batch, seq=profile.seq, units=units_with_schedule(sc),
+                predicted=pred, solver=solver, notes=notes)
+
+
+def budget_notes(peak: int, budget: int | None) -> list[str]:
+    if budget is None or peak <= budget:
+        return []
+    return [f"predicted peak {peak / 2**30:.2f} GiB exceeds the budget {budget / 2**30:.2f} GiB"]
+
+
+def check_budget(plan: Plan) -> None:
+    """UsageError when a plan's predicted peak exceeds its budget."""
+    b = plan.memory_budget_bytes
+    if b is not None and plan.predicted.peak_bytes > b:
+        raise UsageError(f"plan does not fit: predicted peak {plan.predicted.peak_bytes} bytes "
+                         f"> budget {b} bytes; use a larger --memory-budget or --strategy auto")
+
+
+__all__ = ["make_plan", "plan_from_scenario", "check_budget", "Strategy"]

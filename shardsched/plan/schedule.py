@@ -1,0 +1,75 @@
+"""Plan <-> Scenario: prefetch lists are the schedule, written FSDP2's way.
+
+A unit listed in unit j's `forward_prefetch` has its forward AllGather launched
+at the start of j's forward (step j); listed in j's `backward_prefetch`, its
+backward AllGather is launched at the start of j's backward (step 2n-1-j).
+Unlisted, a unit gathers at its own step (no prefetch).
+"""
+from __future__ import annotations
+
+from shardsched.cost.device import Cluster
+from shardsched.cost.memory import state_bytes
+from shardsched.plan.types import Plan, Strategy, Unit
+from shardsched.plan.units import unit_cost
+from shardsched.profile.types import Profile
+from shardsched.sim.scenario import Scenario, UnitCost
+
+# Foreach Adam/SGD materialise about this many parameter-sized temporaries
+# (measured with FSDPMemTracker on CPU, tests/plan/test_memory_vs_fsdp2.py).
+OPTIMIZER_WORKSPACE_FACTOR = {"adam": 1.0, "sgd": 1.0}
+
+
+def unit_costs(plan: Plan, profile: Profile) -> list[UnitCost]:
+    by_name = {layer.name: layer for layer in profile.layers}
+    missing = [n for u in plan.units for n in u.layers if n not in by_name]
+    if missing:
+        raise ValueError(f"plan names layers the profile lacks: {missing[:3]}")
+    return [unit_cost([by_name[n] for n in u.layers]) for u in plan.units]
+
+
+def scenario_for(plan: Plan, profile: Profile, cluster: Cluster) -> Scenario:
+    costs = unit_costs(plan, profile)
+    n, index = len(plan.units), {u.name: i for i, u in enumerate(plan.units)}
+    fwd = list(range(n))
+    bwd: list[int | None] = [2 * n - 1 - i if u.strategy is Strategy.FULL_SHARD else None
+                             for i, u in enumerate(plan.units)]
+    for j, u in enumerate(plan.units):
+        for name in u.forward_prefetch:
+            fwd[index[name]] = min(fwd[index[name]], j)
+        for name in u.backward_prefetch:
+            i = index[name]
+            if bwd[i] is not None:
+                bwd[i] = min(bwd[i], 2 * n - 1 - j)
+    return make_scenario(costs, [u.strategy for u in plan.units], fwd, bwd, plan=plan,
+                         profile=profile, cluster=cluster)
+
+
+def make_scenario(costs, strategies, fwd, bwd, *, plan: Plan | None = None, profile: Profile,
+                  cluster: Cluster, precision=None, optimizer=None) -> Scenario:
+    precision = precision or plan.precision
+    optimizer = optimizer or plan.optimizer
+    sb = state_bytes(precision, optimizer)
+    shard_params = sum(-(-c.params // (1 if s is Strategy.REPLICATE else cluster.world))
+                       for c, s in zip(costs, strategies))
+    opt_seconds = shard_params * sb.at_rest * 2 / cluster.device.memory_bandwidth
+    return Scenario(units=tuple(costs), strategies=tuple(strategies), forward_launch=tuple(fwd),
+                    backward_launch=tuple(bwd), cluster=cluster, state=sb,
+                    input_bytes=profile.input_bytes, optimizer_seconds=opt_seconds,
+                    optimizer_workspace_factor=OPTIMIZER_WORKSPACE_FACTOR[optimizer.value])
+
+
+def units_with_schedule(sc: Scenario) -> tuple[Unit, ...]:
+    """The Plan's units for a scenario: strategies plus prefetch lists."""
+    n = sc.n
+    fwd_lists: list[list[str]] = [[] for _ in range(n)]
+    bwd_lists: list[list[str]] = [[] for _ in range(n)]
+    for i in range(n):  # lists in use order: forward ascending, backward descending
+        if sc.forward_launch[i] != i:
+            fwd_lists[sc.forward_launch[i]].append(sc.units[i].name)
+    for i in reversed(range(n)):
+        bl = sc.backward_launch[i]
+        if bl is not None and bl != sc.b_step(i):
+            bwd_lists[2 * n - 1 - bl].append(sc.units[i].name)
+    return tuple(Unit(name=c.name, layers=c.layers, strategy=s, params=c.params,
+                      forward_prefetch=tuple(fwd_lists[i]), backward_prefetch=tuple(bwd_lists[i]))
+                 for i, (c, s) in enumerate(zip(sc.units, sc.strategies)))

@@ -1,0 +1,83 @@
+"""The `--strategy` spec: a default strategy plus per-layer overrides.
+
+    full_shard
+    auto
+    full_shard,blocks.0-3=replicate,head=shard_grad_op
+    shard_grad_op,blocks.*=full_shard
+
+A key is a layer path, a range `prefix.A-B` (prefix.A .. prefix.B), or an
+fnmatch pattern. Later overrides win.
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass, field
+
+from shardsched.errors import UsageError
+from shardsched.plan.types import Strategy
+
+ACCEPTED = ("accepted: auto | replicate | shard_grad_op | full_shard, optionally followed by "
+            "',LAYERS=STRATEGY' overrides where LAYERS is a layer path, prefix.A-B or a glob")
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategySpec:
+    default: Strategy | None
+    """None means "auto": the planner chooses."""
+    overrides: tuple[tuple[str, Strategy], ...] = field(default_factory=tuple)
+
+    @property
+    def auto(self) -> bool:
+        return self.default is None
+
+    def for_layers(self, layers: list[str]) -> dict[str, Strategy | None]:
+        """Strategy per layer (None where the planner is free to choose)."""
+        out: dict[str, Strategy | None] = {name: self.default for name in layers}
+        for key, strat in self.overrides:
+            hit = _match(key, layers)
+            if not hit:
+                raise UsageError(f"strategy override {key!r} matches no layer (layers: {_short(layers)})")
+            for name in hit:
+                out[name] = strat
+        return out
+
+
+def _strategy(word: str) -> Strategy:
+    try:
+        return Strategy(word.strip())
+    except ValueError:
+        raise UsageError(f"unknown strategy {word.strip()!r}; {ACCEPTED}") from None
+
+
+def parse_strategy_spec(spec: str) -> StrategySpec:
+    parts = [p.strip() for p in spec.split(",") if p.strip()]
+    if not parts:
+        raise UsageError(f"empty strategy; {ACCEPTED}")
+    head, rest = parts[0], parts[1:]
+    if "=" in head:  # only overrides: the planner chooses the rest
+        head, rest = "auto", parts
+    default = None if head == "auto" else _strategy(head)
+    overrides = []
+    for p in rest:
+        key, sep, word = p.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"malformed strategy override {p!r}; {ACCEPTED}")
+        overrides.append((key.strip(), _strategy(word)))
+    return StrategySpec(default=default, overrides=tuple(overrides))
+
+
+_RANGE = re.compile(r"^(.*?)(\d+)-(\d+)$")
+
+
+def _match(key: str, layers: list[str]) -> list[str]:
+    m = _RANGE.match(key)
+    if m:
+        prefix, a, b = m.group(1), int(m.group(2)), int(m.group(3))
+        wanted = {f"{prefix}{i}" for i in range(min(a, b), max(a, b) + 1)}
+        return [name for name in layers if name in wanted]
+    return [name for name in layers if name == key or fnmatch.fnmatchcase(name, key)]
+
+
+def _short(layers: list[str]) -> str:
+    return ", ".join(layers[:4]) + (", ..." if len(layers) > 4 else "")

@@ -1,0 +1,244 @@
+"""Analytic profiles: per-layer parameters, times and activations from a GPT config.
+
+For clusters and models you don't have: nothing is built, so gpt3-175b takes
+milliseconds. Layer names, parameter names and shapes follow
+`shardsched.train.model.GPT` exactly (tests compare them with the real module),
+so the fingerprint, and therefore a plan made from this profile, matches the
+real model.
+
+Time model: FLOPs / `device.flops` (peak * MFU). A linear layer with P weights
+costs 2*P FLOPs per token forward (Kaplan et al. 2020, "Scaling laws", Sec. 2.1)
+and twice that backward (input and weight gradients). Attention adds QK^T and
+AV: 2 matmuls * 2 FLOPs * b*s^2*h forward. We do NOT halve it for the causal
+mask, as in Narayanan et al. 2021 (Megatron-LM, eq. 3), so that MFU figures are
+comparable with theirs; flash kernels that skip masked tiles are then ~2x faster
+on attention than predicted, which errs on the safe side.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from shardsched.cost.device import DeviceSpec
+from shardsched.errors import UsageError
+from shardsched.profile.fingerprint import fingerprint_of_shapes
+from shardsched.profile.models import config_dict
+from shardsched.profile.types import LayerProfile, Profile
+from shardsched.train.model import GPTConfig
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+# Memory bandwidth for the memory-bound pieces (embedding gather, norms), from
+# vendor datasheets: V100 SXM2 900 GB/s, A100 80GB 2.0 TB/s, H100 SXM 3.35 TB/s;
+# ~20 GB/s for a 2-core CPU. Unknown devices: flops / 100 (a roofline ridge point).
+_MEMORY_BANDWIDTH = {"cpu": 20e9, "v100": 900e9, "a100": 2.0e12, "h100": 3.35e12}
+
+Shapes = list[tuple[str, tuple[int, ...]]]
+
+
+# ---------------------------------------------------------------- parameters
+
+def _norm_shapes(prefix: str, cfg: GPTConfig) -> Shapes:
+    # nn.LayerNorm always has a bias (cfg.bias is about Linear layers); nn.RMSNorm has none.
+    shapes = [(f"{prefix}.weight", (cfg.hidden,))]
+    if cfg.norm != "rmsnorm":
+        shapes.append((f"{prefix}.bias", (cfg.hidden,)))
+    return shapes
+
+
+def _linear_shapes(prefix: str, cfg: GPTConfig, n_in: int, n_out: int, *, bias: bool) -> Shapes:
+    shapes = [(f"{prefix}.weight", (n_out, n_in))]
+    if bias:
+        shapes.append((f"{prefix}.bias", (n_out,)))
+    return shapes
+
+
+def _block_children_shapes(prefix: str, cfg: GPTConfig) -> dict[str, Shapes]:
+    """Shapes of one block, grouped by child module in registration order (ln1, attn, ln2, mlp)."""
+    h, f, b = cfg.hidden, cfg.ffn_size, cfg.bias
+    attn = _linear_shapes(f"{prefix}.attn.qkv", cfg, h, 3 * h, bias=b) + \
+        _linear_shapes(f"{prefix}.attn.proj", cfg, h, h, bias=b)
+    if cfg.mlp == "swiglu":
+        mlp = _linear_shapes(f"{prefix}.mlp.gate", cfg, h, f, bias=b) + \
+            _linear_shapes(f"{prefix}.mlp.up", cfg, h, f, bias=b) + \
+            _linear_shapes(f"{prefix}.mlp.down", cfg, f, h, bias=b)
+    else:
+        mlp = _linear_shapes(f"{prefix}.mlp.fc", cfg, h, f, bias=b) + \
+            _linear_shapes(f"{prefix}.mlp.proj", cfg, f, h, bias=b)
+    return {f"{prefix}.ln1": _norm_shapes(f"{prefix}.ln1", cfg), f"{prefix}.attn": attn,
+            f"{prefix}.ln2": _norm_shapes(f"{prefix}.ln2", cfg), f"{prefix}.mlp": mlp}
+
+
+def _layer_children_shapes(cfg: GPTConfig) -> dict[str, dict[str, Shapes]]:
+    """layer name -> child name -> shapes, all in GPT's registration order."""
+    embed = {"embed.tok": [("embed.tok.weight", (cfg.vocab, cfg.hidden))]}
+    if cfg.learned_pos:
+        embed["embed.pos"] = [("embed.pos.weight", (cfg.seq, cfg.hidden))]
+    layers = {"embed": embed}
+    for i in range(cfg.layers):
+        layers[f"blocks.{i}"] = _block_children_shapes(f"blocks.{i}", cfg)
+    layers["head"] = {"head.ln": _norm_shapes("head.ln", cfg),
+                      "head.out": [("head.out.weight", (cfg.vocab, cfg.hidden))]}
+    return layers
+
+
+def gpt_param_shapes(config: GPTConfig) -> Shapes:
+    """[(name, shape)] exactly as `GPT(config).named_parameters()` yields them."""
+    return [s for children in _layer_children_shapes(config).values()
+            for shapes in children.values() for s in shapes]
+
+
+def _count(shapes: Shapes) -> int:
+    total = 0
+    for _, shape in shapes:
+        n = 1
+        for d in shape:
+            n *= d
+        total += n
+    return total
+
+
+# ---------------------------------------------------------------- activations
+# Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
+# Transformer Models", eq. 1) count s*b*h*(34 + 5*a*s/h) bytes per 16-bit GPT
+# layer: that includes three dropout masks and the materialised s x s softmax,
+# its dropout mask and output (the 5*a*s/h term). Our blocks have no dropout and
+# call F.scaled_dot_product_attention, whose flash / memory-efficient kernels
+# save q, k, v, the output and a per-row logsumexp instead of any s x s matrix.
+# Counting what THIS implementation saves (checked with saved_tensors_hooks in
+# tests/profile/test_analytic.py), in units of T*h*d (T = b*s tokens, d = dtype
+# bytes): gelu block 8 + 2*f/h (16 for f = 4h, i.e. 32 sbh bytes in 16 bits vs
+# Korthikanti's 34 + 5as/h), swiglu block 8 + 4*f/h, plus norm statistics and
+# the fp32 logsumexp. Storages are counted once: q, k, v are views of the qkv
+# output, and the attention output is the out-projection's saved input.
+
+def _fused_rmsnorm(device: DeviceSpec) -> bool:
+    """On GPUs, nn.RMSNorm runs aten::_fused_rms_norm, which saves input and
+    rstd; on CPU it runs the composite form (torch/_decomp/decompositions.py),
+    which saves an fp32 copy of the input and the fp32 normalised tensor."""
+    return device.name != "cpu"
+
+
+def _norm_act(cfg: GPTConfig, tokens: int, d: int, fused_rms: bool) -> int:
+    h = cfg.hidden
+    if cfg.norm == "rmsnorm":
+        if fused_rms:
+            return tokens * h * d + 4 * tokens  # input, fp32 rstd
+        return 2 * tokens * h * max(d, 4) + 4 * tokens  # fp32 input, normalised, rstd
+    return tokens * h * d + 2 * 4 * tokens  # input, fp32 mean and rstd
+
+
+def _attn_act(cfg: GPTConfig, *, b: int, s: int, d: int) -> int:
+    """qkv input, qkv output (= q, k, v views), attention output (= proj input), fp32 logsumexp."""
+    tokens, h = b * s, cfg.hidden
+    return 5 * tokens * h * d + 4 * b * cfg.heads * s
+
+
+def _mlp_act(cfg: GPTConfig, tokens: int, d: int) -> int:
+    """gelu: input, fc output (gelu's input), gelu output (proj's input).
+    swiglu: input (shared by gate and up), gate out, silu out, up out, product."""
+    per_ffn = 4 if cfg.mlp == "swiglu" else 2
+    return tokens * cfg.hidden * d + per_ffn * tokens * cfg.ffn_size * d
+
+
+# ---------------------------------------------------------------- layers
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Ctx:
+    cfg: GPTConfig
+    b: int
+    s: int
+    d: int
+    flops: float
+    bandwidth: float
+    fused_rms: bool
+
+    @property
+    def tokens(self) -> int:
+        return self.b * self.s
+
+
+def _leaf(name: str, *, params: int, fwd_seconds: float, act: int) -> LayerProfile:
+    return LayerProfile(name=name, params=params, forward_seconds=fwd_seconds,
+                        backward_seconds=2 * fwd_seconds, activation_bytes=act)
+
+
+def _parent(name: str, children: list[LayerProfile], *, extra_fwd: float = 0.0, extra_act: int = 0,
+            extra_bwd: float | None = None) -> LayerProfile:
+    """A layer whose costs are its children's plus what runs outside them."""
+    return LayerProfile(
+        name=name, params=sum(c.params for c in children),
+        forward_seconds=sum(c.forward_seconds for c in children) + extra_fwd,
+        backward_seconds=sum(c.backward_seconds for c in children) + (2 * extra_fwd if extra_bwd is None else extra_bwd),
+        activation_bytes=sum(c.activation_bytes for c in children) + extra_act,
+        children=tuple(children))
+
+
+def _block(ctx: _Ctx, prefix: str, shapes: dict[str, Shapes]) -> LayerProfile:
+    """2 * params * tokens per child (norms included, negligible) + attention's 4*b*s^2*h."""
+    cfg, T, d = ctx.cfg, ctx.tokens, ctx.d
+    attention_flops = 2 * 2 * ctx.b * ctx.s * ctx.s * cfg.hidden
+    acts = {"ln1": _norm_act(cfg, T, d, ctx.fused_rms), "attn": _attn_act(cfg, b=ctx.b, s=ctx.s, d=d),
+            "ln2": _norm_act(cfg, T, d, ctx.fused_rms), "mlp": _mlp_act(cfg, T, d)}
+    children = []
+    for child, child_shapes in shapes.items():
+        p = _count(child_shapes)
+        flops = 2 * p * T + (attention_flops if child.endswith(".attn") else 0)
+        children.append(_leaf(child, params=p, fwd_seconds=flops / ctx.flops, act=acts[child.rsplit(".", 1)[1]]))
+    return _parent(prefix, children)
+
+
+def _embed(ctx: _Ctx, shapes: dict[str, Shapes]) -> LayerProfile:
+    """Memory bound: gather T rows of h (write T*h*d). Backward also zeroes and
+    scatter-adds into the full fp32 weight gradient. Saved: only the int64
+    position indices (token indices are the example input, counted in input_bytes)."""
+    T, h, d = ctx.tokens, ctx.cfg.hidden, ctx.d
+    children = []
+    for child, child_shapes in shapes.items():
+        p = _count(child_shapes)
+        fwd = 2 * T * h * d / ctx.bandwidth
+        act = 8 * ctx.s if child == "embed.pos" else 0
+        children.append(LayerProfile(name=child, params=p, forward_seconds=fwd,
+                                     backward_seconds=fwd + 2 * 4 * p / ctx.bandwidth, activation_bytes=act))
+    return _parent("embed", children)
+
+
+def _head(ctx: _Ctx, shapes: dict[str, Shapes]) -> LayerProfile:
+    """Norm, then 2*h*vocab FLOPs per token; cross-entropy outside the children
+    saves log_softmax's fp32 (T, vocab) output (logits are upcast before it)."""
+    cfg, T, d = ctx.cfg, ctx.tokens, ctx.d
+    ln_p, out_p = _count(shapes["head.ln"]), _count(shapes["head.out"])
+    ln = _leaf("head.ln", params=ln_p, fwd_seconds=2 * ln_p * T / ctx.flops, act=_norm_act(cfg, T, d, ctx.fused_rms))
+    out = _leaf("head.out", params=out_p, fwd_seconds=2 * cfg.hidden * cfg.vocab * T / ctx.flops, act=T * cfg.hidden * d)
+    ce_seconds = 3 * T * cfg.vocab * 4 / ctx.bandwidth  # read logits, write fp32 copy and log-probs
+    return _parent("head", [ln, out], extra_fwd=ce_seconds, extra_act=4 * T * cfg.vocab)
+
+
+# ---------------------------------------------------------------- entry point
+
+def analytic_profile(config: GPTConfig, *, micro_batch: int, seq: int, device: DeviceSpec,
+                     compute_dtype: str = "bfloat16", name: str = "") -> Profile:
+    """Per-layer Profile of `GPT(config)` for (micro_batch, seq) inputs on `device`, without building it."""
+    if compute_dtype not in DTYPE_BYTES:
+        raise UsageError(f"unknown compute dtype {compute_dtype!r}: accepted {', '.join(DTYPE_BYTES)}")
+    if micro_batch < 1 or seq < 1:
+        raise UsageError(f"micro_batch ({micro_batch}) and seq ({seq}) must be positive")
+    if config.learned_pos and seq > config.seq:
+        raise UsageError(f"seq={seq} exceeds the model's position table ({config.seq})")
+    ctx = _Ctx(cfg=config, b=micro_batch, s=seq, d=DTYPE_BYTES[compute_dtype], flops=device.flops,
+               bandwidth=_MEMORY_BANDWIDTH.get(device.name, device.flops / 100), fused_rms=_fused_rmsnorm(device))
+    children = _layer_children_shapes(config)
+    # Every block is the same: build one and rename it (keeps gpt3-175b at ~ms).
+    block0 = _block(ctx, "blocks.0", children["blocks.0"]) if config.layers else None
+    blocks = [_renamed(block0, "blocks.0", f"blocks.{i}") for i in range(config.layers)]
+    layers = (_embed(ctx, children["embed"]), *blocks, _head(ctx, children["head"]))
+    return Profile(model=name or "gpt", layers=layers, fingerprint=fingerprint_of_shapes(gpt_param_shapes(config)),
+                   compute_dtype=compute_dtype, micro_batch=micro_batch, seq=seq,
+                   input_bytes=2 * 8 * micro_batch * seq, source="analytic",
+                   extra={"device": device.name, "config": config_dict(config)})
+
+
+def _renamed(layer: LayerProfile, old: str, new: str) -> LayerProfile:
+    if old == new:
+        return layer
+    kids = tuple(dataclasses.replace(c, name=new + c.name[len(old):]) for c in layer.children)
+    return dataclasses.replace(layer, name=new, children=kids)

@@ -1,0 +1,339 @@
+"""Measured profiles: per-layer parameters, forward/backward seconds and saved activations.
+
+Everything is taken with module hooks on an unmodified model, so any
+`(model, example_inputs)` whose `model(*inputs)` returns the loss can be
+profiled, not only our GPT.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+import time
+from collections import defaultdict
+from typing import Any, Sequence
+
+import torch
+import torch.nn as nn
+
+from shardsched.errors import UsageError
+from shardsched.profile.fingerprint import fingerprint
+from shardsched.profile.types import LayerProfile, Profile
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
+
+
+# ---------------------------------------------------------------- layers
+
+def _owns_params(module: nn.Module) -> bool:
+    return next(module.parameters(), None) is not None
+
+
+def _candidate_layers(root: nn.Module) -> list[str]:
+    """Atomic layers, in registration order.
+
+    Rule: the outermost parameter-holding modules that are children of a
+    container (ModuleList / Sequential / ModuleDict) or of the root; containers
+    are looked through. A parameter-free wrapper whose children include such a
+    container (e.g. HF's `transformer` holding `h`) is looked through too, else
+    the whole transformer would be one layer. Why outermost: the planner never
+    splits below a layer's parameter-holding children, and the children are
+    profiled too, so a large layer can still be partitioned.
+    Parameters the root owns directly form a layer named "" (only if any).
+    """
+    names = [""] if next(root.parameters(recurse=False), None) is not None else []
+    _collect(root, "", names)
+    return names
+
+
+def _collect(module: nn.Module, prefix: str, out: list[str]) -> None:
+    for child_name, child in module.named_children():
+        path = f"{prefix}{child_name}"
+        if isinstance(child, _CONTAINERS) or _is_wrapper(child):
+            _collect(child, path + ".", out)
+        elif _owns_params(child):
+            out.append(path)
+
+
+def _is_wrapper(module: nn.Module) -> bool:
+    """No parameters of its own, and a container child with >= 2 parameter-holding entries."""
+    if next(module.parameters(recurse=False), None) is not None:
+        return False
+    return any(isinstance(c, _CONTAINERS) and sum(_owns_params(g) for g in c.children()) >= 2
+               for c in module.children())
+
+
+def _execution_order(model: nn.Module, names: list[str], inputs: tuple) -> list[str]:
+    """Sort layers by the moment their forward first starts (one forward pass,
+    no grad); layers never called keep their registration order at the end."""
+    modules = dict(model.named_modules())
+    first: dict[str, int] = {}
+    handles = [modules[n].register_forward_pre_hook(
+        lambda m, args, n=n: first.setdefault(n, len(first)) and None) for n in names if n]
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    if "" in names:
+        first[""] = -1  # the root's forward starts before any child's
+    return sorted(names, key=lambda n: (n not in first, first.get(n, 0), names.index(n)))
+
+
+def resolve_layers(model: nn.Module, inputs: tuple, layers: Sequence[str] | None = None) -> list[str]:
+    """Layer paths in execution order: given, `model.layer_names()`, or discovered."""
+    if layers is None and callable(getattr(model, "layer_names", None)):
+        layers = list(model.layer_names())
+    if layers is None:
+        return _execution_order(model, _candidate_layers(model), inputs)
+    modules = dict(model.named_modules())
+    for n in layers:
+        if n not in modules:
+            raise UsageError(f"unknown layer {n!r}: not a module path of the model")
+    for a in layers:
+        for b in layers:
+            if a != b and b.startswith(a + ".") and a:
+                raise UsageError(f"layers {a!r} and {b!r} overlap: a layer cannot contain another")
+    return list(layers)
+
+
+def _param_children(model: nn.Module, layer: str) -> list[str]:
+    module = model.get_submodule(layer)
+    prefix = f"{layer}." if layer else ""
+    return [prefix + n for n, c in module.named_children() if _owns_params(c)]
+
+
+def _owner(name: str, paths: Sequence[str]) -> str | None:
+    """Longest path that is `name`'s module or an ancestor of it ("" owns everything)."""
+    best = None
+    for p in paths:
+        if p == "" or name.startswith(p + "."):
+            if best is None or len(p) > len(best):
+                best = p
+    return best
+
+
+def _param_counts(model: nn.Module, paths: Sequence[str]) -> dict[str, int]:
+    """Parameters per path; named_parameters() yields a shared parameter once, so it counts once."""
+    counts = dict.fromkeys(paths, 0)
+    for name, p in model.named_parameters():
+        owner = _owner(name, paths)
+        if owner is not None:
+            counts[owner] += p.numel()
+    return counts
+
+
+# ---------------------------------------------------------------- hooks
+
+class _Hooks:
+    """Forward/backward timing and "who is running now" for layers and their children.
+
+    Forward time of a module: forward pre-hook to forward hook. Backward time:
+    full backward pre-hook (gradients w.r.t. its outputs are ready) to full
+    backward hook (gradients w.r.t. its inputs are ready). A module none of
+    whose inputs needs a gradient (the embedding: integer tokens) gets its
+    backward hook at once, before its weight gradient is computed; its backward
+    is timed until `loss.backward()` returns instead, which is right for the
+    first layer, the last to run in backward.
+    """
+
+    def __init__(self, model: nn.Module, layers: list[str], children: dict[str, list[str]]):
+        self.layers, self.children = layers, children
+        self.layer_set = set(layers)
+        self.parent = {c: layer for layer, cs in children.items() for c in cs}
+        self.first_seen: dict[str, int] = {}
+        self.handles = []
+        for name in [n for n in layers if n] + list(self.parent):
+            self._attach(model.get_submodule(name), name)
+        self.reset()
+
+    def reset(self) -> None:
+        self.stack: list[tuple[str, float]] = []
+        self.last_layer: str | None = None
+        self.fwd: dict[str, float] = defaultdict(float)
+        self.bwd: dict[str, float] = defaultdict(float)
+        self.bwd_starts: dict[str, list[float]] = defaultdict(list)
+        self.open_ended: list[tuple[str, float]] = []
+
+    def _attach(self, module: nn.Module, name: str) -> None:
+        def pre(m, args):
+            self.first_seen.setdefault(name, len(self.first_seen))
+            if name in self.layer_set:
+                self.last_layer = name
+            self.stack.append((name, time.perf_counter()))
+
+        def post(m, args, out):
+            popped, t0 = self.stack.pop()
+            self.fwd[popped] += time.perf_counter() - t0
+
+        def bwd_pre(m, grad_output):
+            self.bwd_starts[name].append(time.perf_counter())
+
+        def bwd_post(m, grad_input, grad_output):
+            if not self.bwd_starts[name]:
+                return
+            t0 = self.bwd_starts[name].pop()
+            if all(g is None for g in grad_input):
+                self.open_ended.append((name, t0))
+            else:
+                self.bwd[name] += time.perf_counter() - t0
+
+        self.handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post),
+                         module.register_full_backward_pre_hook(bwd_pre), module.register_full_backward_hook(bwd_post)]
+
+    def finish_backward(self, end: float) -> None:
+        for name, t0 in self.open_ended:
+            self.bwd[name] += end - t0
+        self.open_ended = []
+
+    def current(self) -> tuple[str, str | None]:
+        """(layer, child) running now. Outside every layer (parameter-free code
+        between layers, e.g. a ReLU in a Sequential) counts for the layer that
+        ran last, or the first layer before any ran: its output feeds the next
+        layer but it is allocated in the previous one's wake."""
+        layer = next((n for n, _ in reversed(self.stack) if n in self.layer_set), None)
+        layer = layer or self.last_layer or self.layers[0]
+        child = next((n for n, _ in reversed(self.stack) if self.parent.get(n) == layer), None)
+        return layer, child
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+# ---------------------------------------------------------------- passes
+
+def _loss(out: Any) -> torch.Tensor:
+    if not isinstance(out, torch.Tensor):
+        raise UsageError(f"model(*example_inputs) must return the loss as a tensor, got {type(out).__name__}")
+    return out if out.dim() == 0 else out.sum()
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int] | None:
+    """(data_ptr, nbytes) of the tensor's storage, or None for storage-less tensors."""
+    try:
+        st = t.untyped_storage()
+        return st.data_ptr(), st.nbytes()
+    except (RuntimeError, NotImplementedError):
+        return None
+
+
+def _measure_activations(model: nn.Module, inputs: tuple, hooks: _Hooks) -> dict[str, int]:
+    """Bytes of the storages saved for backward, attributed to the layer (and
+    child) running when autograd saved them, each storage once. Parameters and
+    buffers are persistent state, and the example inputs are `input_bytes`, so
+    none of them counts as an activation."""
+    exclude = {_storage(t)[0] for t in [*model.parameters(), *model.buffers(), *_tensors(inputs)]
+               if _storage(t)}
+    acts: dict[str, int] = defaultdict(int)
+    kept: list[torch.Tensor] = []  # keep saved storages alive: no address reuse while we dedupe
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        st = _storage(t)
+        if st is None or st[0] in exclude or st[0] == 0:
+            return t
+        exclude.add(st[0])
+        kept.append(t)
+        layer, child = hooks.current()
+        acts[layer] += st[1]
+        if child is not None:
+            acts[child] += st[1]
+        return t
+
+    hooks.reset()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = _loss(model(*inputs))
+    del loss, kept
+    return acts
+
+
+def _timed_steps(model: nn.Module, inputs: tuple, hooks: _Hooks, *, repeats: int, warmup: int):
+    """Per-module forward and backward seconds, median over `repeats` steps after `warmup`."""
+    fwd_runs, bwd_runs = defaultdict(list), defaultdict(list)
+    for i in range(warmup + repeats):
+        hooks.reset()
+        loss = _loss(model(*inputs))
+        loss.backward()
+        hooks.finish_backward(time.perf_counter())
+        for p in model.parameters():
+            p.grad = None
+        if i >= warmup:
+            for name in hooks.first_seen:
+                fwd_runs[name].append(hooks.fwd.get(name, 0.0))
+                bwd_runs[name].append(hooks.bwd.get(name, 0.0))
+    med = lambda runs: {n: statistics.median(v) for n, v in runs.items()}  # noqa: E731
+    return med(fwd_runs), med(bwd_runs)
+
+
+def _tensors(inputs: Any) -> list[torch.Tensor]:
+    if isinstance(inputs, torch.Tensor):
+        return [inputs]
+    if isinstance(inputs, (tuple, list)):
+        return [t for x in inputs for t in _tensors(x)]
+    if isinstance(inputs, dict):
+        return [t for x in inputs.values() for t in _tensors(x)]
+    return []
+
+
+def _in_dtype(model: nn.Module, inputs: tuple, compute_dtype: str) -> tuple[nn.Module, tuple]:
+    """The model in the compute dtype: a converted copy if it differs, so the
+    caller's model is never changed; floating inputs converted likewise."""
+    if compute_dtype not in _DTYPES:
+        raise UsageError(f"unknown compute dtype {compute_dtype!r}: accepted {', '.join(_DTYPES)}")
+    dtype = _DTYPES[compute_dtype]
+    floats = [p for p in model.parameters() if p.is_floating_point()]
+    if all(p.dtype == dtype for p in floats):
+        return model, inputs
+    conv = lambda x: x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x  # noqa: E731
+    return copy.deepcopy(model).to(dtype), tuple(conv(x) for x in inputs)
+
+
+# ---------------------------------------------------------------- entry point
+
+def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
+                    layers: Sequence[str] | None = None, repeats: int = 5, warmup: int = 2,
+                    compute_dtype: str = "float32") -> Profile:
+    """Profile `model` on `example_inputs` on this machine, layer by layer.
+
+    `model(*example_inputs)` must return the loss (a scalar, or a tensor whose
+    sum is the loss). Gradients the model had before are restored afterwards.
+    """
+    inputs = tuple(example_inputs)
+    fp = fingerprint(model)
+    run_model, run_inputs = _in_dtype(model, inputs, compute_dtype)
+    names = resolve_layers(run_model, run_inputs, layers)
+    children = {n: _param_children(run_model, n) for n in names}
+    saved_grads = {p: p.grad for p in run_model.parameters()}
+    hooks = _Hooks(run_model, names, children)
+    try:
+        acts = _measure_activations(run_model, run_inputs, hooks)
+        fwd, bwd = _timed_steps(run_model, run_inputs, hooks, repeats=repeats, warmup=warmup)
+    finally:
+        hooks.remove()
+        for p, g in saved_grads.items():
+            p.grad = g
+    counts = _param_counts(run_model, names)
+
+    def lp(n: str, params: int, kids: tuple = ()) -> LayerProfile:
+        return LayerProfile(name=n, params=params, forward_seconds=fwd.get(n, 0.0),
+                            backward_seconds=bwd.get(n, 0.0), activation_bytes=acts.get(n, 0), children=kids)
+
+    order = lambda cs: sorted(cs, key=lambda c: hooks.first_seen.get(c, len(hooks.first_seen)))  # noqa: E731
+    profiles = []
+    for n in names:
+        child_counts = _param_counts(run_model, children[n])
+        profiles.append(lp(n, counts[n], tuple(lp(c, child_counts[c]) for c in order(children[n]))))
+    micro_batch, seq = _batch_and_seq(inputs)
+    return Profile(model=name, layers=tuple(profiles), fingerprint=fp, compute_dtype=compute_dtype,
+                   micro_batch=micro_batch, seq=seq, input_bytes=sum(t.nbytes for t in _tensors(inputs)),
+                   source="measured", extra={"torch": torch.__version__, "threads": torch.get_num_threads(),
+                                             "repeats": repeats, "warmup": warmup})
+
+
+def _batch_and_seq(inputs: tuple) -> tuple[int, int]:
+    """(batch, seq) from a 2-D integer first input (token ids), else (1, 0)."""
+    first = inputs[0] if inputs else None
+    if isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point():
+        return int(first.shape[0]), int(first.shape[1])
+    return 1, 0

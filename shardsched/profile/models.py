@@ -1,0 +1,170 @@
+"""Model specs for `--model`: presets, `gpt:key=value,...` and `python:module:function`.
+
+A spec resolves to either a `GPTConfig` (so the planner can profile it
+analytically, without building it: gpt3-175b does not fit in this machine) or a
+builder that returns `(model, example_inputs)` for `measure_profile`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from shardsched.errors import UsageError
+from shardsched.train.model import GPT, GPTConfig
+
+PRESETS: dict[str, GPTConfig] = {
+    # The default training model: byte-level, fast on 2 CPU cores.
+    "tiny": GPTConfig(vocab=256, layers=4, hidden=128, heads=4, seq=128),
+    "small": GPTConfig(vocab=256, layers=6, hidden=256, heads=8, seq=256),
+    # GPT-2 small / XL (Radford et al. 2019; HF configs). Our head is untied, so
+    # these have vocab*hidden more parameters than the published 124M / 1.56B.
+    "gpt2": GPTConfig(vocab=50257, layers=12, hidden=768, heads=12, seq=1024),
+    "gpt2-xl": GPTConfig(vocab=50257, layers=48, hidden=1600, heads=25, seq=1024),
+    # LLaMA (Touvron et al. 2023): SwiGLU, RMSNorm, no biases, rotary positions
+    # (nothing stored), untied head, as in the original, so 6.74B exactly.
+    "llama-7b": GPTConfig(vocab=32000, layers=32, hidden=4096, heads=32, ffn=11008, seq=4096,
+                          mlp="swiglu", norm="rmsnorm", bias=False, learned_pos=False),
+    # LLaMA-2 70B uses grouped-query attention (8 KV heads); we do not model
+    # GQA: our Attention has full multi-head K and V, so this preset has 78.4B
+    # parameters (vs 69.0B) and larger K/V activations than the real model.
+    "llama-70b": GPTConfig(vocab=32000, layers=80, hidden=8192, heads=64, ffn=28672, seq=4096,
+                           mlp="swiglu", norm="rmsnorm", bias=False, learned_pos=False),
+    # GPT-3 175B (Brown et al. 2020, Table 2.1): 96 layers, d_model 12288, 96 heads.
+    "gpt3-175b": GPTConfig(vocab=50257, layers=96, hidden=12288, heads=96, seq=2048),
+}
+
+_INT_KEYS = ("layers", "hidden", "heads", "ffn", "vocab", "seq")
+_CHOICE_KEYS = {"mlp": ("gelu", "swiglu"), "norm": ("layernorm", "rmsnorm")}
+_BOOL_KEYS = ("bias", "learned_pos")
+_BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+_GPT_KEYS = ", ".join((*_INT_KEYS, *_CHOICE_KEYS, *_BOOL_KEYS))
+ACCEPTED = f"a preset ({', '.join(PRESETS)}), gpt:key=value,... (keys: {_GPT_KEYS}), python:module:function"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """What `--model` named. Exactly one of `config` and `builder` is set."""
+
+    name: str
+    """The spec string as given."""
+    config: GPTConfig | None = None
+    """A GPT config: profile analytically or build with `build_gpt`."""
+    builder: Callable[[], tuple[Any, tuple]] | None = None
+    """Zero-argument callable returning (model, example_inputs); model(*inputs) is the loss."""
+
+
+def parse_model_spec(spec: str) -> ModelSpec:
+    """Resolve a `--model` string; raise UsageError (one line) if it is not one of the accepted forms."""
+    spec = spec.strip()
+    if spec in PRESETS:
+        return ModelSpec(name=spec, config=PRESETS[spec])
+    if spec.startswith("gpt:"):
+        return ModelSpec(name=spec, config=_parse_gpt(spec[len("gpt:"):]))
+    if spec.startswith("python:"):
+        return ModelSpec(name=spec, builder=_python_builder(spec[len("python:"):]))
+    raise UsageError(f"unknown model {spec!r}: accepted: {ACCEPTED}")
+
+
+def _parse_gpt(body: str) -> GPTConfig:
+    """`key=value,...` over the tiny defaults; every value is checked here, so a
+    typo fails at the command line instead of deep inside the planner."""
+    values: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in body.split(","))):
+        key, sep, raw = item.partition("=")
+        key, raw = key.strip(), raw.strip()
+        if not sep:
+            raise UsageError(f"bad gpt option {item!r}: expected key=value; accepted keys: {_GPT_KEYS}")
+        values[key] = _gpt_value(key, raw)
+    cfg = GPTConfig(**values)
+    if cfg.hidden % cfg.heads:
+        raise UsageError(f"gpt: heads={cfg.heads} must divide hidden={cfg.hidden}; accepted keys: {_GPT_KEYS}")
+    return cfg
+
+
+def _gpt_value(key: str, raw: str) -> Any:
+    if key in _INT_KEYS:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise UsageError(f"gpt: {key}={raw!r} is not an integer; accepted keys: {_GPT_KEYS}") from None
+        if value < (0 if key == "ffn" else 1):
+            raise UsageError(f"gpt: {key}={value} must be positive; accepted keys: {_GPT_KEYS}")
+        return value
+    if key in _CHOICE_KEYS:
+        if raw not in _CHOICE_KEYS[key]:
+            raise UsageError(f"gpt: {key}={raw!r}: accepted {', '.join(_CHOICE_KEYS[key])}")
+        return raw
+    if key in _BOOL_KEYS:
+        if raw.lower() not in _BOOLS:
+            raise UsageError(f"gpt: {key}={raw!r}: accepted true or false")
+        return _BOOLS[raw.lower()]
+    raise UsageError(f"gpt: unknown key {key!r}; accepted keys: {_GPT_KEYS}")
+
+
+def _python_builder(body: str) -> Callable[[], tuple[Any, tuple]]:
+    """Import `module:function` now (so errors surface at parse time) and wrap
+    the function so a wrong return shape is a UsageError, not a crash later."""
+    module_name, sep, func_name = body.rpartition(":")
+    if not sep or not module_name or not func_name:
+        raise UsageError(f"bad model {'python:' + body!r}: expected python:module:function; accepted: {ACCEPTED}")
+    module = _import(module_name)
+    fn = getattr(module, func_name, None)
+    if not callable(fn):
+        raise UsageError(f"model: {module_name} has no function {func_name!r}; accepted: {ACCEPTED}")
+
+    def build() -> tuple[Any, tuple]:
+        out = fn()
+        if not (isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[0], torch.nn.Module)):
+            raise UsageError(f"model: {module_name}:{func_name}() must return (model, example_inputs)")
+        model, inputs = out
+        return model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+
+    return build
+
+
+def _import(module_name: str):
+    """Import a dotted module or a `.py` path; the current directory is tried
+    too, because the `shardsched` console script does not put it on sys.path."""
+    try:
+        if module_name.endswith(".py"):
+            spec = importlib.util.spec_from_file_location(os.path.basename(module_name)[:-3], module_name)
+            if spec is None or not os.path.exists(module_name):
+                raise ImportError(f"no file {module_name}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+        if os.getcwd() not in sys.path:
+            sys.path.append(os.getcwd())
+        return importlib.import_module(module_name)
+    except Exception as e:  # any import-time error is the user's module, report it in one line
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UsageError(f"model: cannot import {module_name!r} ({msg}); accepted: {ACCEPTED}") from None
+
+
+def build_gpt(config: GPTConfig, *, micro_batch: int, seq: int, seed: int = 0) -> tuple[GPT, tuple[torch.Tensor, torch.Tensor]]:
+    """A GPT and random token inputs (idx, targets) of shape (micro_batch, seq).
+
+    Seeds a forked RNG, so the same seed gives the same weights on every worker
+    without disturbing the caller's global random state.
+    """
+    if config.learned_pos and seq > config.seq:
+        raise UsageError(f"seq={seq} exceeds the model's position table ({config.seq})")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT(config)
+    gen = torch.Generator().manual_seed(seed + 1)
+    idx = torch.randint(0, config.vocab, (micro_batch, seq), generator=gen)
+    targets = torch.randint(0, config.vocab, (micro_batch, seq), generator=gen)
+    return model, (idx, targets)
+
+
+def config_dict(config: GPTConfig) -> dict:
+    """Plain dict of a config (for Profile.extra)."""
+    return dataclasses.asdict(config)

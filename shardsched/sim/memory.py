@@ -1,0 +1,136 @@
+"""Per-worker memory at every compute step of a schedule, as FSDP2 allocates it.
+
+Each step is evaluated at the moments where FSDP2's live set is largest
+(torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py):
+- copy-out: `wait_for_unshard` copies the AllGather output into the unsharded
+  parameters, so both exist; in forward the previous unit's AllGather output is
+  still held ([Note: Overlapping all-gather copy-in and all-gather], the
+  `all_gather_state`) until this copy-out ends;
+- compute: unsharded parameters, launched-but-unused AllGather buffers
+  (prefetches), retained activations, and in backward the unit's unsharded
+  gradients plus the previous unit's ReduceScatter input (one is retained,
+  `reduce_scatter_max_input_buffers` = 1);
+- reduce: after `reshard`, the unsharded gradients are copied into the
+  ReduceScatter input (both live), the previous input having been reclaimed.
+The optimizer step holds all sharded gradients plus its own temporaries.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from shardsched.cost.memory import shards
+from shardsched.plan.types import MemoryBreakdown, Strategy
+from shardsched.sim.scenario import Scenario
+
+
+class StepMemory(NamedTuple):
+    step: int
+    name: str
+    breakdown: MemoryBreakdown
+
+    @property
+    def total(self) -> int:
+        return self.breakdown.total
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _Live:
+    """Byte counts of one scenario, precomputed per unit."""
+
+    def __init__(self, sc: Scenario):
+        sb, w = sc.state, sc.cluster.world
+        self.sc = sc
+        self.shard = [_ceil_div(u.params, shards(s, w)) for u, s in zip(sc.units, sc.strategies)]
+        self.unsharded = [u.params * sb.unsharded_param for u in sc.units]
+        self.ugrad = [u.params * sb.unsharded_grad for u in sc.units]
+        self.rsbuf = [u.params * sb.reduce for u in sc.units]
+        self.persist_params = sum(self.shard) * sb.param
+        self.persist_opt = sum(self.shard) * sb.optimizer
+
+    def unsharded_live(self, s: int, *, exclude: int = -1) -> int:
+        """Unsharded parameters already copied out and not yet freed at step s."""
+        sc, total = self.sc, 0
+        for i, strat in enumerate(sc.strategies):
+            if i == exclude:
+                continue
+            f, b = sc.f_step(i), sc.b_step(i)
+            end_fwd = f if strat is Strategy.FULL_SHARD else b
+            if f <= s <= end_fwd or (strat is Strategy.FULL_SHARD and s == b):
+                total += self.unsharded[i]
+        return total
+
+    def pending_gathers(self, s: int, *, include_launched_here: bool) -> int:
+        """AllGather outputs launched but not yet copied out at step s."""
+        sc, total = self.sc, 0
+        for i in range(sc.n):
+            for launch, use in ((sc.forward_launch[i], sc.f_step(i)), (sc.backward_launch[i], sc.b_step(i))):
+                if launch is None or use <= s:
+                    continue
+                if launch < s or (launch == s and include_launched_here):
+                    total += self.unsharded[i]
+        return total
+
+    def sharded_grads(self, s: int) -> int:
+        """Reduced gradients of units whose backward ended before step s."""
+        sc = self.sc
+        return sum(self.shard[i] for i in range(sc.n) if sc.b_step(i) < s) * sc.state.grad
+
+    def activations(self, upto: int) -> int:
+        return sum(u.activation_bytes for u in self.sc.units[: upto + 1])
+
+
+def step_memory(sc: Scenario) -> list[StepMemory]:
+    """The peak moment of every compute step 0..2n."""
+    live, out = _Live(sc), []
+    for s in range(2 * sc.n + 1):
+        moments = _forward(live, s) if s < sc.n else _backward(live, s) if s < 2 * sc.n else [_optimizer(live)]
+        out.append(StepMemory(s, sc.step_name(s), max(moments, key=lambda m: m.total)))
+    return out
+
+
+def _mb(live: _Live, *, unsharded=0, grads=0, act=0, comm=0, opt_extra=0) -> MemoryBreakdown:
+    return MemoryBreakdown(params=live.persist_params + unsharded, grads=grads,
+                           optimizer=live.persist_opt + opt_extra,
+                           activations=act + live.sc.input_bytes, comm_buffers=comm)
+
+
+def _forward(live: _Live, i: int) -> list[MemoryBreakdown]:
+    sc, s = live.sc, i
+    held_prev = live.unsharded[i - 1] if i > 0 else 0
+    copyout = _mb(live, unsharded=live.unsharded_live(s),
+                  act=live.activations(i - 1),
+                  comm=held_prev + live.unsharded[i] + live.pending_gathers(s, include_launched_here=False))
+    compute = _mb(live, unsharded=live.unsharded_live(s),
+                  act=live.activations(i) + sc.units[i].workspace_bytes,
+                  comm=live.unsharded[i] + live.pending_gathers(s, include_launched_here=True))
+    return [copyout, compute]
+
+
+def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
+    sc = live.sc
+    i = 2 * sc.n - 1 - s
+    grads = live.sharded_grads(s)
+    held_rs = live.rsbuf[i + 1] if i + 1 < sc.n else 0
+    pending = live.pending_gathers(s, include_launched_here=True)
+    moments = [_mb(live, unsharded=live.unsharded_live(s), grads=grads + live.ugrad[i],
+                   act=live.activations(i) + sc.units[i].workspace_bytes, comm=held_rs + pending),
+               _mb(live, unsharded=live.unsharded_live(s, exclude=i), grads=grads + live.ugrad[i],
+                   act=live.activations(i - 1), comm=live.rsbuf[i] + pending)]
+    if sc.strategies[i] is Strategy.FULL_SHARD:  # copy-out of its backward AllGather
+        moments.append(_mb(live, unsharded=live.unsharded_live(s), grads=grads,
+                           act=live.activations(i),
+                           comm=held_rs + live.unsharded[i] + live.pending_gathers(s, include_launched_here=False)))
+    return moments
+
+
+def _optimizer(live: _Live) -> MemoryBreakdown:
+    sc = live.sc
+    extra = int(sc.optimizer_workspace_factor * live.persist_params)
+    return _mb(live, grads=live.sharded_grads(2 * sc.n + 1), opt_extra=extra)
+
+
+def peak(sc: Scenario) -> StepMemory:
+    return max(step_memory(sc), key=lambda m: m.total)

@@ -1,0 +1,88 @@
+"""What the simulator replays: units with costs, strategies and a schedule.
+
+Compute steps are indexed 0 .. 2n: forward of unit i is step i, backward of
+unit i is step 2n-1-i, the optimizer step is 2n. A schedule gives, for every
+AllGather, the step at whose start it is launched:
+  forward_launch[i]  in [0, i]          (i itself: no prefetch)
+  backward_launch[i] in [n, 2n-1-i]     (full_shard only; 2n-1-i: no prefetch)
+which maps one-to-one onto FSDP2's `set_modules_to_forward_prefetch` /
+`set_modules_to_backward_prefetch` lists (`plan.schedule`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardsched.cost.device import Cluster
+from shardsched.cost.memory import StateBytes
+from shardsched.plan.types import Strategy
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitCost:
+    """The profile of one unit (the sum over its layers)."""
+
+    name: str
+    layers: tuple[str, ...]
+    params: int
+    forward_seconds: float
+    backward_seconds: float
+    activation_bytes: int
+    """Retained from the unit's forward until its backward."""
+    workspace_bytes: int = 0
+    """Transient bytes while the unit computes (largest activation-gradient buffers)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    units: tuple[UnitCost, ...]
+    strategies: tuple[Strategy, ...]
+    forward_launch: tuple[int, ...]
+    backward_launch: tuple[int | None, ...]
+    cluster: Cluster
+    state: StateBytes
+    input_bytes: int = 0
+    optimizer_seconds: float = 0.0
+    optimizer_workspace_factor: float = 0.0
+    """Transient bytes of the optimizer step, per byte of persistent fp32 params
+    (foreach Adam materialises a few parameter-sized temporaries)."""
+
+    @property
+    def n(self) -> int:
+        return len(self.units)
+
+    def f_step(self, i: int) -> int:
+        return i
+
+    def b_step(self, i: int) -> int:
+        return 2 * self.n - 1 - i
+
+    def step_name(self, s: int) -> str:
+        n = self.n
+        if s < n:
+            return f"F:{self.units[s].name}"
+        if s < 2 * n:
+            return f"B:{self.units[2 * n - 1 - s].name}"
+        return "opt"
+
+    def validate(self) -> None:
+        """Raise ValueError when a launch point is outside its window."""
+        n = self.n
+        for i, s in enumerate(self.strategies):
+            if not 0 <= self.forward_launch[i] <= i:
+                raise ValueError(f"{self.units[i].name}: forward launch {self.forward_launch[i]} not in [0, {i}]")
+            bl = self.backward_launch[i]
+            if s is Strategy.FULL_SHARD:
+                if bl is None or not n <= bl <= self.b_step(i):
+                    raise ValueError(f"{self.units[i].name}: backward launch {bl} not in [{n}, {self.b_step(i)}]")
+            elif bl is not None:
+                raise ValueError(f"{self.units[i].name}: {s.value} has no backward AllGather")
+
+
+def default_launch(strategies: tuple[Strategy, ...], *, ahead: int = 1) -> tuple[tuple[int, ...], tuple[int | None, ...]]:
+    """FSDP2's default schedule: every AllGather `ahead` units before its use
+    (explicit forward prefetch of the next unit, implicit backward prefetch)."""
+    n = len(strategies)
+    fwd = tuple(max(0, i - ahead) for i in range(n))
+    bwd = tuple(max(n, 2 * n - 1 - i - ahead) if s is Strategy.FULL_SHARD else None
+                for i, s in enumerate(strategies))
+    return fwd, bwd

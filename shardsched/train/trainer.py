@@ -1,0 +1,472 @@
+"""The training loop: a GPT, a plan, FSDP2 via `parallelize`, AdamW, metrics, checkpoints.
+
+`train(cfg, mesh=..., rank=...)` runs on every worker (see `launcher`). The
+global batch of `cfg.batch` sequences is split evenly across workers; each
+worker's loss is the mean over its rows and FSDP2 averages gradients over the
+world, so every step applies the global-batch mean gradient whatever the
+number of workers. Everything is a function of `cfg.seed` and the step number.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from shardsched.errors import UsageError
+from shardsched.plan.types import Plan
+from shardsched.profile.fingerprint import fingerprint
+from shardsched.train import checkpoint as ckpt
+from shardsched.train.data import TextData, check_divisible, get_batch, load_text
+from shardsched.train.model import GPT, GPTConfig
+
+MEASURED_STEPS = 2
+"""Steps run under FSDPMemTracker on CPU (slow, so only the first few)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    steps: int = 200
+    """Total optimizer steps of the run (a resumed run counts from the checkpoint's step)."""
+    seed: int = 0
+    """Seeds the model initialisation and every batch."""
+    model: str = "tiny"
+    """Model spec: a preset name ("tiny", ...) or a spec `shardsched.profile.models` parses."""
+    data: str | None = None
+    """Text file of training bytes; None: the Python standard library's sources."""
+    strategy: str | None = None
+    """Strategy spec for make_plan; None: "auto" with a memory budget, else "full_shard"."""
+    plan: str | None = None
+    """Path of a plan.json to apply instead of making one."""
+    memory_budget_bytes: int | None = None
+    """Per-worker memory budget the planner must respect."""
+    run_dir: str = "runs/default"
+    """Where plan.json, metrics.jsonl, summary.json and checkpoints/ go."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many steps (0: only never)."""
+    resume: str | None = None
+    """Run directory or checkpoint directory to continue from."""
+    batch: int = 8
+    """Global batch in sequences; must be divisible by the number of workers."""
+    seq: int = 128
+    """Tokens per sequence."""
+    lr: float = 3e-3
+    """Peak AdamW learning rate (linear warmup, cosine decay to lr/10)."""
+    warmup: int = 10
+    """Warmup steps (capped at a tenth of the run)."""
+    weight_decay: float = 0.01
+    """AdamW decoupled weight decay."""
+    eval_every: int = 0
+    """Evaluate the validation loss every this many steps (0: never)."""
+    eval_batches: int = 4
+    """Global batches per validation loss."""
+    precision: str = "fp32"
+    """"fp32" or "bf16-mixed"."""
+    quiet: bool = False
+    """No progress bar and no final table."""
+    measure_memory: bool = True
+    """Measure peak memory (FSDPMemTracker on CPU for the first steps)."""
+
+    def resolved_strategy(self) -> str:
+        return self.strategy or ("auto" if self.memory_budget_bytes else "full_shard")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainResult:
+    losses: tuple[float, ...]
+    """Mean loss over workers of each step run by this call (step start+1 ... steps)."""
+    start_step: int
+    """Steps already done before this call (non-zero after resume)."""
+    summary: dict = field(default_factory=dict)
+    """What summary.json holds."""
+
+
+def lr_at(step: int, *, steps: int, lr: float, warmup: int) -> float:
+    """Linear warmup, then cosine from lr down to lr/10 at the last step."""
+    warm = min(warmup, max(1, steps // 10))
+    if step < warm:
+        return lr * (step + 1) / warm
+    frac = (step - warm) / max(1, steps - warm)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def model_config(spec: str, *, seq: int) -> GPTConfig:
+    """The GPTConfig a spec names, with room for `seq` positions and a byte vocabulary."""
+    from shardsched.profile.models import parse_model_spec
+    try:
+        cfg = parse_model_spec(spec)
+    except ValueError as e:
+        raise UsageError(f"--model {spec}: {e}") from None
+    cfg = getattr(cfg, "config", cfg)
+    if not isinstance(cfg, GPTConfig):
+        raise UsageError(f"--model {spec}: training needs a GPT config, got {type(cfg).__name__}")
+    if cfg.vocab < 256:
+        raise UsageError(f"--model {spec}: vocab {cfg.vocab} < 256 cannot hold byte-level text")
+    return dataclasses.replace(cfg, seq=seq) if cfg.learned_pos else cfg
+
+
+def build_model(cfg: TrainConfig) -> GPT:
+    """The same initial weights on every worker (seeded, built before sharding)."""
+    torch.manual_seed(cfg.seed)
+    return GPT(model_config(cfg.model, seq=cfg.seq))
+
+
+def _share_from_rank0(make, *, mesh: DeviceMesh, rank: int):
+    """Run make() on rank 0 and give its result to every worker; a UsageError on
+    rank 0 is raised on every worker, so none waits for a broadcast that never comes."""
+    obj = [None]
+    if rank == 0:
+        try:
+            obj = [("ok", make())]
+        except UsageError as e:
+            obj = [("error", str(e))]
+    dist.broadcast_object_list(obj, src=0, group=mesh.get_group())
+    kind, value = obj[0]
+    if kind == "error":
+        raise UsageError(value)
+    return value
+
+
+def load_plan(path: str, *, model: torch.nn.Module, world: int) -> Plan:
+    """Read --plan PATH and check that it belongs to this model and world."""
+    try:
+        plan = Plan.from_json(Path(path).read_text())
+    except OSError as e:
+        raise UsageError(f"--plan {path}: cannot read ({e.strerror})") from None
+    except ValueError as e:
+        raise UsageError(f"--plan {path}: {e}") from None
+    if plan.fingerprint != fingerprint(model):
+        raise UsageError(f"--plan {path} is for another model (fingerprint {plan.fingerprint}, "
+                         f"this model {fingerprint(model)})")
+    if plan.world != world:
+        raise UsageError(f"--plan {path} is for {plan.world} workers, this run has {world}")
+    return plan
+
+
+def make_local_plan(cfg: TrainConfig, model: GPT, *, world: int) -> Plan:
+    """Profile this model on this machine (one worker's micro-batch) and plan it."""
+    from shardsched.cost.device import DEVICES, Cluster
+    from shardsched.plan.build import make_plan
+    from shardsched.profile.measure import measure_profile
+    micro = cfg.batch // world
+    idx = torch.zeros(micro, cfg.seq, dtype=torch.long)
+    profile = measure_profile(copy.deepcopy(model), (idx, idx.clone()), name=cfg.model)
+    device = DEVICES["cuda" if torch.cuda.is_available() and "cuda" in DEVICES else "cpu"]
+    cluster = Cluster(world=world, gpus_per_node=world, device=device)
+    return make_plan(profile, cluster, strategy=cfg.resolved_strategy(), precision=cfg.precision,
+                     optimizer="adam", memory_budget_bytes=cfg.memory_budget_bytes)
+
+
+def obtain_plan(cfg: TrainConfig, model: GPT, *, mesh: DeviceMesh, rank: int) -> Plan:
+    """Rank 0 loads or makes the plan; every worker gets the same one."""
+    def make() -> str:
+        plan = (load_plan(cfg.plan, model=model, world=mesh.size()) if cfg.plan
+                else make_local_plan(cfg, model, world=mesh.size()))
+        return plan.to_json()
+    return Plan.from_json(_share_from_rank0(make, mesh=mesh, rank=rank))
+
+
+# ---------------------------------------------------------------- the loop
+
+@dataclass
+class _Run:
+    """Mutable state of one training call on one worker."""
+
+    cfg: TrainConfig
+    mesh: DeviceMesh
+    rank: int
+    device: torch.device
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    data: TextData
+    plan: Plan
+    losses: list = field(default_factory=list)
+    step_seconds: list = field(default_factory=list)
+    timed: list = field(default_factory=list)
+    """Whether each step's time counts (steps under the memory tracker do not)."""
+
+
+def _mean_over_workers(value: torch.Tensor, mesh: DeviceMesh) -> float:
+    # gloo has no AVG reduction: sum, then divide.
+    t = value.detach().float().reshape(1).clone()
+    dist.all_reduce(t, group=mesh.get_group())
+    return t.item() / mesh.size()
+
+
+def _maybe_fail(rank: int, step: int) -> None:
+    """Test hook: SHARDSCHED_TEST_FAIL_RANK / _STEP make one worker die mid-run
+    (SHARDSCHED_TEST_FAIL_MODE=kill: by SIGKILL, else by an exception)."""
+    if os.environ.get("SHARDSCHED_TEST_FAIL_RANK") != str(rank):
+        return
+    if os.environ.get("SHARDSCHED_TEST_FAIL_STEP", "1") != str(step):
+        return
+    if os.environ.get("SHARDSCHED_TEST_FAIL_MODE") == "kill":
+        os.kill(os.getpid(), 9)
+    raise RuntimeError(f"test failure injected at step {step}")
+
+
+def _train_step(run: _Run, step: int) -> float:
+    """One optimizer step on global batch `step`; returns the mean loss over workers."""
+    cfg, world = run.cfg, run.mesh.size()
+    x, y = get_batch(run.data.train, seed=cfg.seed, step=step, batch=cfg.batch, seq=cfg.seq,
+                     rank=run.rank, world=world)
+    x, y = x.to(run.device), y.to(run.device)
+    for group in run.opt.param_groups:
+        group["lr"] = lr_at(step, steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup)
+    _maybe_fail(run.rank, step + 1)
+    loss = run.model(x, y)
+    loss.backward()
+    run.opt.step()
+    run.opt.zero_grad(set_to_none=True)
+    return _mean_over_workers(loss, run.mesh)
+
+
+@torch.no_grad()
+def evaluate(run: _Run) -> float:
+    """Mean validation loss over cfg.eval_batches fixed global batches."""
+    cfg, world = run.cfg, run.mesh.size()
+    total = torch.zeros((), device=run.device)
+    for i in range(cfg.eval_batches):
+        x, y = get_batch(run.data.val, seed=cfg.seed, step=i, batch=cfg.batch, seq=cfg.seq,
+                         rank=run.rank, world=world, salt=1)
+        total += run.model(x.to(run.device), y.to(run.device))
+    return _mean_over_workers(total / cfg.eval_batches, run.mesh)
+
+
+def _metrics_path(cfg: TrainConfig) -> Path:
+    return Path(cfg.run_dir) / "metrics.jsonl"
+
+
+def _prepare_metrics(cfg: TrainConfig, start_step: int) -> None:
+    """Keep the lines of steps already done (resume), drop the rest."""
+    path = _metrics_path(cfg)
+    kept = []
+    if start_step and path.exists():
+        kept = [ln for ln in path.read_text().splitlines()
+                if ln.strip() and json.loads(ln).get("step", 0) <= start_step]
+    path.write_text("".join(ln + "\n" for ln in kept))
+
+
+def _record(run: _Run, step: int, loss: float, seconds: float, val_loss: float | None) -> None:
+    if run.rank != 0:
+        return
+    tokens = run.cfg.batch * run.cfg.seq
+    row = {"step": step + 1, "loss": loss, "tokens_per_s": tokens / seconds, "step_seconds": seconds,
+           "lr": lr_at(step, steps=run.cfg.steps, lr=run.cfg.lr, warmup=run.cfg.warmup)}
+    if val_loss is not None:
+        row["val_loss"] = val_loss
+    with open(_metrics_path(run.cfg), "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def _run_steps(run: _Run, steps: range, *, timed: bool, bar) -> None:
+    cfg = run.cfg
+    for step in steps:
+        t0 = time.perf_counter()
+        loss = _train_step(run, step)
+        seconds = time.perf_counter() - t0
+        val = evaluate(run) if cfg.eval_every and (step + 1) % cfg.eval_every == 0 else None
+        run.losses.append(loss)
+        run.step_seconds.append(seconds)
+        run.timed.append(timed)
+        _record(run, step, loss, seconds, val)
+        if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+            ckpt.save_checkpoint(cfg.run_dir, step=step + 1, model=run.model, optimizer=run.opt,
+                                 mesh=run.mesh, rank=run.rank, meta={"config": dataclasses.asdict(cfg)})
+        bar.update(step + 1, loss, cfg.batch * cfg.seq / seconds)
+
+
+def _tracked_steps(run: _Run, steps: range, bar) -> int | None:
+    """Run `steps` while measuring this worker's peak memory; returns the peak in bytes.
+
+    CPU: FSDPMemTracker, which is slow, so only for these first steps; their
+    times are not counted. CUDA: the allocator's own peak, free to keep on.
+    """
+    if run.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(run.device)
+        _run_steps(run, steps, timed=True, bar=bar)
+        return None  # read at the end of the run, see _peak_bytes
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    tracker = FSDPMemTracker(run.model, run.opt)
+    tracker.track_inputs(get_batch(run.data.train, seed=run.cfg.seed, step=steps.start, batch=run.cfg.batch,
+                                   seq=run.cfg.seq, rank=run.rank, world=run.mesh.size()))
+    with tracker:
+        for step in steps:
+            _run_steps(run, range(step, step + 1), timed=False, bar=bar)
+            tracker.reset_mod_stats()  # the tracker refuses a second iteration otherwise
+    return int(tracker.get_tracker_snapshot("peak")[run.device]["Total"])
+
+
+def _peak_bytes(run: _Run, cpu_peak: int | None) -> list[int | None]:
+    """Every worker's measured peak, in rank order."""
+    peak = torch.cuda.max_memory_allocated(run.device) if run.device.type == "cuda" else cpu_peak
+    peaks: list = [None] * run.mesh.size()
+    dist.all_gather_object(peaks, peak, group=run.mesh.get_group())
+    return peaks
+
+
+class _Bar:
+    """rich progress bar on rank 0 of an interactive terminal; a no-op elsewhere."""
+
+    def __init__(self, *, enabled: bool, total: int, start: int):
+        self.progress = None
+        self.peak = ""
+        if not enabled:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        self.progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn())
+        self.task = self.progress.add_task("train", total=total, completed=start, info="")
+        self.progress.start()
+
+    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
+        if self.progress is not None:
+            info = f"loss {loss:.4f}  {tokens_per_s:,.0f} tok/s{self.peak}"
+            self.progress.update(self.task, completed=step, info=info)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def _resume(run: _Run) -> int:
+    """Load the checkpoint cfg.resume names; returns the step it was taken at."""
+    cfg = run.cfg
+    path = _share_from_rank0(lambda: str(ckpt.find_checkpoint(cfg.resume)), mesh=run.mesh, rank=run.rank)
+    meta = ckpt.load_checkpoint(Path(path), model=run.model, optimizer=run.opt, mesh=run.mesh)
+    if meta["step"] > cfg.steps:
+        raise UsageError(f"checkpoint {path} is at step {meta['step']}, beyond --steps {cfg.steps}")
+    if run.rank == 0 and not cfg.quiet:
+        print(f"resuming from {path} (step {meta['step']})", flush=True)
+    return int(meta["step"])
+
+
+def _write_run_files(cfg: TrainConfig, plan: Plan) -> None:
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "plan.json").write_text(plan.to_json())
+    (run_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+
+
+def _setup(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.device, plan: Plan | None) -> _Run:
+    """Data, model, plan, parallelize, optimizer: the same on every worker."""
+    from shardsched.runtime.parallelize import parallelize
+    check_divisible(batch=cfg.batch, world=mesh.size())
+    data = load_text(cfg.data, batch=cfg.batch, seq=cfg.seq)
+    model = build_model(cfg)
+    plan = plan or obtain_plan(cfg, model, mesh=mesh, rank=rank)
+    if rank == 0:
+        _write_run_files(cfg, plan)
+    model.to(device)
+    parallelize(model, plan, mesh=mesh)
+    # The optimizer sees the sharded parameters (DTensors), so its state is sharded too.
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return _Run(cfg=cfg, mesh=mesh, rank=rank, device=device, model=model, opt=opt, data=data, plan=plan)
+
+
+def train(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.device | None = None,
+          plan: Plan | None = None) -> TrainResult:
+    """Train on every worker of `mesh`; rank 0 writes the run directory and prints.
+
+    `plan` overrides cfg.plan / make_plan (tests build plans by hand)."""
+    run = _setup(cfg, mesh=mesh, rank=rank, device=device or torch.device("cpu"), plan=plan)
+    start = _resume(run) if cfg.resume else 0
+    if rank == 0:
+        _prepare_metrics(cfg, start)
+    bar = _Bar(enabled=rank == 0 and not cfg.quiet and sys.stdout.isatty(), total=cfg.steps, start=start)
+    try:
+        first = range(start, min(cfg.steps, start + MEASURED_STEPS))
+        cpu_peak = _tracked_steps(run, first, bar) if cfg.measure_memory else None
+        if not cfg.measure_memory:
+            _run_steps(run, first, timed=True, bar=bar)
+        peaks = _peak_bytes(run, cpu_peak) if cfg.measure_memory else [None] * mesh.size()
+        bar.peak = f"  peak {_fmt_bytes(max(p for p in peaks))}/worker" if None not in peaks else ""
+        _run_steps(run, range(first.stop, cfg.steps), timed=True, bar=bar)
+        peaks = _peak_bytes(run, cpu_peak) if cfg.measure_memory else peaks
+    finally:
+        bar.close()
+    summary = _summary(run, start, peaks)
+    if rank == 0:
+        (Path(cfg.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1))
+        if not cfg.quiet:
+            print_summary(summary)
+    return TrainResult(losses=tuple(run.losses), start_step=start, summary=summary)
+
+
+def _median_step_seconds(run: _Run) -> float | None:
+    timed = [s for s, t in zip(run.step_seconds, run.timed) if t] or run.step_seconds
+    return statistics.median(timed) if timed else None
+
+
+def _summary(run: _Run, start: int, peaks: list) -> dict:
+    cfg, plan = run.cfg, run.plan
+    rows = [json.loads(ln) for ln in _metrics_path(cfg).read_text().splitlines() if ln.strip()] \
+        if run.rank == 0 else []
+    median = _median_step_seconds(run)
+    known = [p for p in peaks if p is not None]
+    return {
+        "first_loss": rows[0]["loss"] if rows else (run.losses[0] if run.losses else None),
+        "last_loss": run.losses[-1] if run.losses else (rows[-1]["loss"] if rows else None),
+        "steps": cfg.steps, "start_step": start, "world": run.mesh.size(), "model": cfg.model,
+        "batch": cfg.batch, "seq": cfg.seq,
+        "measured_peak_bytes": max(known) if known else None,
+        "measured_peak_bytes_per_worker": peaks,
+        "predicted_peak_bytes": plan.predicted.peak_bytes,
+        "measured_step_seconds": median,
+        "predicted_step_seconds": plan.predicted.step_seconds,
+        "tokens_per_s": cfg.batch * cfg.seq / median if median else None,
+        "units": [{"name": u.name, "layers": list(u.layers), "strategy": u.strategy.value} for u in plan.units],
+        "notes": list(plan.notes),
+        "fingerprint": plan.fingerprint,
+    }
+
+
+def _fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _fmt_seconds(s: float | None) -> str:
+    return "n/a" if s is None else f"{s * 1e3:.1f} ms"
+
+
+def print_summary(summary: dict) -> None:
+    """The final table: losses, throughput, measured vs predicted, strategies."""
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(title=f"shardsched train: {summary['model']}, {summary['world']} workers, "
+                        f"{summary['steps']} steps")
+    for col in ("", "measured", "predicted"):
+        table.add_column(col, justify="right" if col else "left")
+    table.add_row("loss (first -> last)", f"{summary['first_loss']:.4f} -> {summary['last_loss']:.4f}", "")
+    tps = summary["tokens_per_s"]
+    table.add_row("tokens/s", "n/a" if tps is None else f"{tps:,.0f}", "")
+    table.add_row("peak memory per worker", _fmt_bytes(summary["measured_peak_bytes"]),
+                  _fmt_bytes(summary["predicted_peak_bytes"]))
+    table.add_row("step time (median)", _fmt_seconds(summary["measured_step_seconds"]),
+                  _fmt_seconds(summary["predicted_step_seconds"]))
+    units = Table(title="units")
+    units.add_column("unit")
+    units.add_column("strategy")
+    for u in summary["units"]:
+        units.add_row(u["name"], u["strategy"])
+    console = Console()
+    console.print(table)
+    console.print(units)
+    for note in summary["notes"]:
+        console.print(f"note: {note}")
