@@ -19,9 +19,10 @@ def unit_name(layers: tuple[str, ...]) -> str:
 
 
 def workspace_bytes(layers: list[LayerProfile]) -> int:
-    """Transient bytes while a unit computes: the gradient of its largest
-    activation is materialised next to the activation itself during backward."""
-    return max((layer.activation_bytes for layer in layers), default=0) // 2
+    """Transient bytes while a unit computes: its layers run one at a time, so the
+    largest layer workspace (gradients of its largest saved tensors, materialised
+    next to the activations during backward)."""
+    return max((layer.workspace_bytes or layer.activation_bytes // 2 for layer in layers), default=0)
 
 
 def unit_cost(layers: list[LayerProfile]) -> UnitCost:

@@ -157,15 +157,17 @@ class _Ctx:
         return self.b * self.s
 
 
-def _leaf(name: str, *, params: int, fwd_seconds: float, act: int) -> LayerProfile:
+def _leaf(name: str, *, params: int, fwd_seconds: float, act: int, largest: int = 0) -> LayerProfile:
     return LayerProfile(name=name, params=params, forward_seconds=fwd_seconds,
-                        backward_seconds=2 * fwd_seconds, activation_bytes=act)
+                        backward_seconds=2 * fwd_seconds, activation_bytes=act, workspace_bytes=2 * largest)
 
 
 def _parent(name: str, children: list[LayerProfile], *, extra_fwd: float = 0.0, extra_act: int = 0,
-            extra_bwd: float | None = None) -> LayerProfile:
-    """A layer whose costs are its children's plus what runs outside them."""
+            extra_bwd: float | None = None, largest: int = 0) -> LayerProfile:
+    """A layer whose costs are its children's plus what runs outside them; its
+    workspace is its largest child's, or two of its own largest saved tensor."""
     return LayerProfile(
+        workspace_bytes=max([c.workspace_bytes for c in children] + [2 * largest]),
         name=name, params=sum(c.params for c in children),
         forward_seconds=sum(c.forward_seconds for c in children) + extra_fwd,
         backward_seconds=sum(c.backward_seconds for c in children) + (2 * extra_fwd if extra_bwd is None else extra_bwd),
@@ -183,8 +185,20 @@ def _block(ctx: _Ctx, prefix: str, shapes: dict[str, Shapes]) -> LayerProfile:
     for child, child_shapes in shapes.items():
         p = _count(child_shapes)
         flops = 2 * p * T + (attention_flops if child.endswith(".attn") else 0)
-        children.append(_leaf(child, params=p, fwd_seconds=flops / ctx.flops, act=acts[child.rsplit(".", 1)[1]]))
+        kind = child.rsplit(".", 1)[1]
+        children.append(_leaf(child, params=p, fwd_seconds=flops / ctx.flops, act=acts[kind],
+                              largest=_largest_saved(cfg, kind, T, d, ctx.fused_rms)))
     return _parent(prefix, children)
+
+
+def _largest_saved(cfg: GPTConfig, kind: str, tokens: int, d: int, fused_rms: bool) -> int:
+    """Largest single tensor a block child saves: qkv output (T, 3h), MLP inner
+    (T, ffn), or a norm's input (fp32 copies in the composite RMSNorm)."""
+    if kind == "attn":
+        return 3 * tokens * cfg.hidden * d
+    if kind == "mlp":
+        return tokens * cfg.ffn_size * d
+    return tokens * cfg.hidden * (max(d, 4) if cfg.norm == "rmsnorm" and not fused_rms else d)
 
 
 def _embed(ctx: _Ctx, shapes: dict[str, Shapes]) -> LayerProfile:
@@ -210,7 +224,9 @@ def _head(ctx: _Ctx, shapes: dict[str, Shapes]) -> LayerProfile:
     ln = _leaf("head.ln", params=ln_p, fwd_seconds=2 * ln_p * T / ctx.flops, act=_norm_act(cfg, T, d, ctx.fused_rms))
     out = _leaf("head.out", params=out_p, fwd_seconds=2 * cfg.hidden * cfg.vocab * T / ctx.flops, act=T * cfg.hidden * d)
     ce_seconds = 3 * T * cfg.vocab * 4 / ctx.bandwidth  # read logits, write fp32 copy and log-probs
-    return _parent("head", [ln, out], extra_fwd=ce_seconds, extra_act=4 * T * cfg.vocab)
+    # + 4: nll_loss's 0-d fp32 total_weight; targets are example input (input_bytes).
+    return _parent("head", [ln, out], extra_fwd=ce_seconds, extra_act=4 * T * cfg.vocab + 4,
+                   largest=4 * T * cfg.vocab)
 
 
 # ---------------------------------------------------------------- entry point

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import statistics
 import time
+import warnings
 from collections import defaultdict
 from typing import Any, Sequence
 
@@ -68,8 +69,13 @@ def _execution_order(model: nn.Module, names: list[str], inputs: tuple) -> list[
     no grad); layers never called keep their registration order at the end."""
     modules = dict(model.named_modules())
     first: dict[str, int] = {}
-    handles = [modules[n].register_forward_pre_hook(
-        lambda m, args, n=n: first.setdefault(n, len(first)) and None) for n in names if n]
+
+    def seen(name: str):
+        def hook(module, args) -> None:  # must return None: a value would replace the inputs
+            first.setdefault(name, len(first))
+        return hook
+
+    handles = [modules[n].register_forward_pre_hook(seen(n)) for n in names if n]
     try:
         with torch.no_grad():
             model(*inputs)
@@ -219,14 +225,17 @@ def _storage(t: torch.Tensor) -> tuple[int, int] | None:
         return None
 
 
-def _measure_activations(model: nn.Module, inputs: tuple, hooks: _Hooks) -> dict[str, int]:
+def _measure_activations(model: nn.Module, inputs: tuple, hooks: _Hooks) -> tuple[dict[str, int], dict[str, int]]:
     """Bytes of the storages saved for backward, attributed to the layer (and
     child) running when autograd saved them, each storage once. Parameters and
     buffers are persistent state, and the example inputs are `input_bytes`, so
-    none of them counts as an activation."""
+    none of them counts as an activation. Also the largest saved storage per
+    layer: backward materialises gradients of about two such tensors at once,
+    which is the layer's transient workspace (`LayerProfile.workspace_bytes`)."""
     exclude = {_storage(t)[0] for t in [*model.parameters(), *model.buffers(), *_tensors(inputs)]
                if _storage(t)}
     acts: dict[str, int] = defaultdict(int)
+    largest: dict[str, int] = defaultdict(int)
     kept: list[torch.Tensor] = []  # keep saved storages alive: no address reuse while we dedupe
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -237,15 +246,17 @@ def _measure_activations(model: nn.Module, inputs: tuple, hooks: _Hooks) -> dict
         kept.append(t)
         layer, child = hooks.current()
         acts[layer] += st[1]
+        largest[layer] = max(largest[layer], st[1])
         if child is not None:
             acts[child] += st[1]
+            largest[child] = max(largest[child], st[1])
         return t
 
     hooks.reset()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = _loss(model(*inputs))
     del loss, kept
-    return acts
+    return acts, largest
 
 
 def _timed_steps(model: nn.Module, inputs: tuple, hooks: _Hooks, *, repeats: int, warmup: int):
@@ -254,7 +265,10 @@ def _timed_steps(model: nn.Module, inputs: tuple, hooks: _Hooks, *, repeats: int
     for i in range(warmup + repeats):
         hooks.reset()
         loss = _loss(model(*inputs))
-        loss.backward()
+        with warnings.catch_warnings():
+            # Expected for the embedding (integer inputs); `_Hooks` handles that case.
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            loss.backward()
         hooks.finish_backward(time.perf_counter())
         for p in model.parameters():
             p.grad = None
@@ -307,7 +321,7 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
     saved_grads = {p: p.grad for p in run_model.parameters()}
     hooks = _Hooks(run_model, names, children)
     try:
-        acts = _measure_activations(run_model, run_inputs, hooks)
+        acts, largest = _measure_activations(run_model, run_inputs, hooks)
         fwd, bwd = _timed_steps(run_model, run_inputs, hooks, repeats=repeats, warmup=warmup)
     finally:
         hooks.remove()
@@ -317,7 +331,8 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
 
     def lp(n: str, params: int, kids: tuple = ()) -> LayerProfile:
         return LayerProfile(name=n, params=params, forward_seconds=fwd.get(n, 0.0),
-                            backward_seconds=bwd.get(n, 0.0), activation_bytes=acts.get(n, 0), children=kids)
+                            backward_seconds=bwd.get(n, 0.0), activation_bytes=acts.get(n, 0),
+                            workspace_bytes=2 * largest.get(n, 0), children=kids)
 
     order = lambda cs: sorted(cs, key=lambda c: hooks.first_seen.get(c, len(hooks.first_seen)))  # noqa: E731
     profiles = []

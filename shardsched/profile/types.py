@@ -26,6 +26,10 @@ class LayerProfile:
     """Backward compute time for one micro-batch (about 2x forward for matmuls)."""
     activation_bytes: int
     """Bytes the layer's forward keeps alive for its backward (saved tensors)."""
+    workspace_bytes: int = 0
+    """Transient bytes while the layer computes, beyond what it retains: its
+    backward materialises gradients of its largest saved tensors (about two of
+    the largest one). 0 = unknown (the planner then assumes half its activations)."""
     children: tuple["LayerProfile", ...] = ()
     """Parameter-holding children, for tensor partitioning of a large layer."""
 

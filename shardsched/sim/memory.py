@@ -7,9 +7,10 @@ Each step is evaluated at the moments where FSDP2's live set is largest
   still held ([Note: Overlapping all-gather copy-in and all-gather], the
   `all_gather_state`) until this copy-out ends;
 - compute: unsharded parameters, launched-but-unused AllGather buffers
-  (prefetches), retained activations, and in backward the unit's unsharded
-  gradients plus the previous unit's ReduceScatter input (one is retained,
-  `reduce_scatter_max_input_buffers` = 1);
+  (prefetches), retained activations and the unit's workspace; in backward
+  also the previous unit's ReduceScatter input (one is retained,
+  `reduce_scatter_max_input_buffers` = 1), and at the end of the unit's
+  backward its unsharded gradients, its own activations by then freed;
 - reduce: after `reshard`, the unsharded gradients are copied into the
   ReduceScatter input (both live), the previous input having been reclaimed.
 The optimizer step holds all sharded gradients plus its own temporaries.
@@ -115,8 +116,12 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
     grads = live.sharded_grads(s)
     held_rs = live.rsbuf[i + 1] if i + 1 < sc.n else 0
     pending = live.pending_gathers(s, include_launched_here=True)
-    moments = [_mb(live, unsharded=live.unsharded_live(s), grads=grads + live.ugrad[i],
+    # Backward frees the unit's activations as it produces its gradients: at the
+    # start all activations and the workspace are live, at the end all gradients.
+    moments = [_mb(live, unsharded=live.unsharded_live(s), grads=grads,
                    act=live.activations(i) + sc.units[i].workspace_bytes, comm=held_rs + pending),
+               _mb(live, unsharded=live.unsharded_live(s), grads=grads + live.ugrad[i],
+                   act=live.activations(i - 1), comm=held_rs + pending),
                _mb(live, unsharded=live.unsharded_live(s, exclude=i), grads=grads + live.ugrad[i],
                    act=live.activations(i - 1), comm=live.rsbuf[i] + pending)]
     if sc.strategies[i] is Strategy.FULL_SHARD:  # copy-out of its backward AllGather
