@@ -23,7 +23,7 @@ from shardsched.errors import UsageError
 from shardsched.profile.fingerprint import fingerprint_of_shapes
 from shardsched.profile.models import config_dict
 from shardsched.profile.types import LayerProfile, Profile
-from shardsched.train.model import GPTConfig
+from shardsched.train.gpt_config import GPTConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 

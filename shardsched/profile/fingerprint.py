@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-import torch.nn as nn
+if TYPE_CHECKING:
+    import torch.nn as nn
 
 
 def fingerprint_of_shapes(named_shapes: Iterable[tuple[str, tuple[int, ...]]]) -> str:
@@ -20,5 +21,5 @@ def fingerprint_of_shapes(named_shapes: Iterable[tuple[str, tuple[int, ...]]]) -
     return h.hexdigest()[:16]
 
 
-def fingerprint(model: nn.Module) -> str:
+def fingerprint(model: "nn.Module") -> str:
     return fingerprint_of_shapes((n, tuple(p.shape)) for n, p in model.named_parameters())

@@ -14,10 +14,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
-
 from shardsched.errors import UsageError
-from shardsched.train.model import GPT, GPTConfig
+from shardsched.train.gpt_config import GPTConfig
 
 PRESETS: dict[str, GPTConfig] = {
     # The default training model: byte-level, fast on 2 CPU cores.
@@ -121,7 +119,7 @@ def _python_builder(body: str) -> Callable[[], tuple[Any, tuple]]:
 
     def build() -> tuple[Any, tuple]:
         out = fn()
-        if not (isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[0], torch.nn.Module)):
+        if not (isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[0], _nn_module())):
             raise UsageError(f"model: {module_name}:{func_name}() must return (model, example_inputs)")
         model, inputs = out
         return model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
@@ -148,7 +146,7 @@ def _import(module_name: str):
         raise UsageError(f"model: cannot import {module_name!r} ({msg}); accepted: {ACCEPTED}") from None
 
 
-def build_gpt(config: GPTConfig, *, micro_batch: int, seq: int, seed: int = 0) -> tuple[GPT, tuple[torch.Tensor, torch.Tensor]]:
+def build_gpt(config: GPTConfig, *, micro_batch: int, seq: int, seed: int = 0) -> tuple["GPT", tuple]:
     """A GPT and random token inputs (idx, targets) of shape (micro_batch, seq).
 
     Seeds a forked RNG, so the same seed gives the same weights on every worker
@@ -156,6 +154,10 @@ def build_gpt(config: GPTConfig, *, micro_batch: int, seq: int, seed: int = 0) -
     """
     if config.learned_pos and seq > config.seq:
         raise UsageError(f"seq={seq} exceeds the model's position table ({config.seq})")
+    import torch  # here, not at the top: analytic planning never needs torch
+
+    from shardsched.train.model import GPT
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = GPT(config)
@@ -168,3 +170,9 @@ def build_gpt(config: GPTConfig, *, micro_batch: int, seq: int, seed: int = 0) -
 def config_dict(config: GPTConfig) -> dict:
     """Plain dict of a config (for Profile.extra)."""
     return dataclasses.asdict(config)
+
+
+def _nn_module() -> type:
+    import torch.nn as nn
+
+    return nn.Module

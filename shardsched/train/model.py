@@ -12,39 +12,11 @@ units, which FSDP2 cannot shard twice.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-@dataclass(frozen=True, kw_only=True)
-class GPTConfig:
-    vocab: int = 256
-    """Vocabulary size (256 for byte-level text)."""
-    layers: int = 4
-    """Number of transformer blocks."""
-    hidden: int = 128
-    """Model width h."""
-    heads: int = 4
-    """Attention heads; must divide hidden."""
-    ffn: int = 0
-    """MLP inner width; 0 means 4*hidden."""
-    seq: int = 128
-    """Maximum sequence length (size of the position embedding)."""
-    mlp: str = "gelu"
-    """"gelu" (GPT: fc, proj) or "swiglu" (LLaMA: gate, up, down)."""
-    norm: str = "layernorm"
-    """"layernorm" (weight and bias) or "rmsnorm" (weight only)."""
-    bias: bool = True
-    """Biases in linear layers (GPT-2 yes, LLaMA no)."""
-    learned_pos: bool = True
-    """Learned position embedding (GPT-2); False for rotary-style models (none stored)."""
-
-    @property
-    def ffn_size(self) -> int:
-        return self.ffn or 4 * self.hidden
+from shardsched.train.gpt_config import GPTConfig  # noqa: F401  (re-exported)
 
 
 def _norm(cfg: GPTConfig) -> nn.Module:

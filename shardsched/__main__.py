@@ -1,0 +1,5 @@
+import sys
+
+from shardsched.cli import main
+
+sys.exit(main())

@@ -1,0 +1,61 @@
+"""The `shardsched` command: plan, train, bench.
+
+Every user mistake is a `UsageError` (or an argparse error): one line on stderr
+naming the problem and the accepted forms, exit status 2, no traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from shardsched.errors import UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse prints usage + error: make it one line
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(2)
+
+
+# (module, add-arguments function, run function, help) per subcommand; a
+# subcommand's module is imported only when it runs, so `shardsched plan` does
+# not pay for the trainer's imports.
+COMMANDS = {
+    "plan": ("shardsched.plan.command", "add_plan_arguments", "run_plan",
+             "plan strategies, units and prefetch for a model and cluster"),
+    "train": ("shardsched.train.main", "add_train_arguments", "run_train",
+              "train with a plan on real workers (default: 2 CPU workers, small GPT)"),
+    "bench": ("shardsched.train.bench", "add_bench_arguments", "run_bench",
+              "train under each uniform strategy and a plan; compare time and memory"),
+}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    parser = _Parser(prog="shardsched", description="Per-layer sharding plans under a memory budget, run on FSDP2.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, (module, add, run, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if name == command:
+            mod = importlib.import_module(module)
+            getattr(mod, add)(p)
+            p.set_defaults(func=getattr(mod, run))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as e:
+        sys.stderr.write(f"shardsched {args.command}: error: {e}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("shardsched: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""`shardsched plan`: model spec + cluster + strategy -> a Plan, printed or saved."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from shardsched.cost.bytes import parse_bytes
+from shardsched.cost.device import DEVICES, Cluster
+from shardsched.errors import UsageError
+from shardsched.plan.build import make_plan, plan_from_scenario
+from shardsched.plan.schedule import scenario_for
+from shardsched.plan.types import Optimizer, Plan, Precision
+from shardsched.profile.models import parse_model_spec
+from shardsched.profile.resolve import profile_for
+
+
+def add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    a = p.add_argument
+    a("--model", default="gpt2", help="preset (gpt2, gpt2-xl, llama-7b, llama-70b, gpt3-175b, tiny, small), "
+                                      "gpt:key=value,... or python:module:function (default gpt2)")
+    a("--world", type=int, default=8, help="data-parallel workers (default 8)")
+    a("--gpus-per-node", type=int, default=None, help="workers per node; must divide --world (default min(8, world))")
+    a("--device", default=None, help=f"device preset: {', '.join(DEVICES)} (default h100; cpu for python: models)")
+    a("--micro-batch", type=int, default=1, help="sequences per worker per step (default 1)")
+    a("--seq", type=int, default=None, help="tokens per sequence (default: the model's)")
+    a("--precision", choices=[p.value for p in Precision], default=None,
+      help="fp32 or bf16-mixed (default bf16-mixed on GPUs, fp32 on cpu)")
+    a("--optimizer", choices=[o.value for o in Optimizer], default="adam")
+    a("--strategy", default=None, help="replicate | shard_grad_op | full_shard | auto, with overrides like "
+                                       "'full_shard,blocks.0-3=replicate' (default full_shard; auto with --memory-budget)")
+    a("--memory-budget", default=None, help="per-worker budget, e.g. 40GiB")
+    a("--plan", default=None, help="re-evaluate an existing plan.json for this model and cluster")
+    a("--measure", action="store_true", help="profile a preset by running it on this machine")
+    a("--no-fuse", action="store_true", help="one unit per layer (no block-size fusion)")
+    a("--time-limit", type=float, default=10.0, help="seconds for the auto planner (default 10)")
+    a("--json", action="store_true", help="print the plan as JSON instead of tables")
+    a("--out", default=None, help="also write the plan JSON to this file")
+
+
+def cluster_from_args(args: argparse.Namespace, *, python_model: bool) -> Cluster:
+    if args.world < 1:
+        raise UsageError(f"--world must be >= 1, got {args.world}")
+    gpn = args.gpus_per_node or min(8, args.world)
+    if gpn < 1 or args.world % min(gpn, args.world):
+        raise UsageError(f"--gpus-per-node {gpn} must divide --world {args.world} (e.g. 8 for world 64)")
+    name = args.device or ("cpu" if python_model else "h100")
+    if name not in DEVICES:
+        raise UsageError(f"unknown device {name!r}; accepted: {', '.join(DEVICES)}")
+    return Cluster(world=args.world, gpus_per_node=gpn, device=DEVICES[name])
+
+
+def load_plan(path: str) -> Plan:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise UsageError(f"cannot read plan {path}: {e.strerror}") from None
+    try:
+        return Plan.from_json(text)
+    except ValueError as e:
+        raise UsageError(f"{path}: malformed plan: {e}; accepted: the JSON `shardsched plan --json` writes") from None
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Write via a temporary file and rename, so a failure never leaves half a file."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", prefix=f".{target.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, target)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    spec = parse_model_spec(args.model)
+    cluster = cluster_from_args(args, python_model=spec.config is None)
+    precision = Precision(args.precision or ("fp32" if cluster.device.name == "cpu" else "bf16-mixed"))
+    budget = parse_bytes(args.memory_budget) if args.memory_budget else None
+    existing = load_plan(args.plan) if args.plan else None  # validate input before any work
+    if args.out and not Path(args.out).parent.exists() and str(Path(args.out).parent) not in ("", "."):
+        raise UsageError(f"--out {args.out}: directory {Path(args.out).parent} does not exist")
+    profile = profile_for(spec, micro_batch=args.micro_batch, seq=args.seq, device=cluster.device,
+                          precision=precision, measure=args.measure)
+    if existing is not None:
+        plan = reevaluate(existing, profile, cluster, budget)
+    else:
+        strategy = args.strategy or ("auto" if budget else "full_shard")
+        plan = make_plan(profile, cluster, strategy=strategy, precision=precision, optimizer=args.optimizer,
+                         memory_budget_bytes=budget, fuse=not args.no_fuse, time_limit=args.time_limit)
+    if args.out:
+        write_atomic(args.out, plan.to_json() + "\n")
+    if args.json:
+        sys.stdout.write(plan.to_json() + "\n")
+    else:
+        from shardsched.plan.report import print_plan
+        print_plan(plan, profile, cluster)
+    return 0
+
+
+def reevaluate(plan: Plan, profile, cluster: Cluster, budget: int | None) -> Plan:
+    """Predictions of an existing plan under this profile and cluster."""
+    if plan.fingerprint != profile.fingerprint:
+        raise UsageError(f"plan was made for another model (fingerprint {plan.fingerprint}, this model "
+                         f"{profile.fingerprint}); accepted: a plan from `shardsched plan --model` of the same model")
+    if plan.world != cluster.world:
+        raise UsageError(f"plan was made for world {plan.world}, not {cluster.world}")
+    try:
+        sc = scenario_for(plan, profile, cluster)
+    except (ValueError, KeyError) as e:
+        raise UsageError(f"plan does not match the model's layers: {e}") from None
+    return plan_from_scenario(sc, profile=profile, memory_budget_bytes=budget or plan.memory_budget_bytes,
+                              solver=plan.solver, precision=plan.precision, optimizer=plan.optimizer,
+                              notes=plan.notes)

@@ -1,0 +1,85 @@
+"""Human-readable views of a Plan: the per-unit table and the summary."""
+from __future__ import annotations
+
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+from shardsched.cost.comm import Collective
+from shardsched.cost.device import Cluster
+from shardsched.cost.memory import state_bytes
+from shardsched.plan.types import Plan, Strategy
+from shardsched.profile.types import Profile
+from shardsched.sim.timeline import collective_time, reduce_kind
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_seconds(s: float) -> str:
+    if s >= 1:
+        return f"{s:.3f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s * 1e6:.1f} us"
+
+
+def fmt_count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def unit_table(plan: Plan, profile: Profile, cluster: Cluster) -> Table:
+    from shardsched.plan.schedule import scenario_for  # local: schedule imports report's siblings
+    sc = scenario_for(plan, profile, cluster)
+    sb = state_bytes(plan.precision, plan.optimizer)
+    t = Table(title=f"plan for {plan.model} on {plan.world} x {plan.device}", title_justify="left")
+    for col in ("unit", "layers", "params", "strategy", "at rest", "unsharded", "fwd", "bwd",
+                "AllGather", "ReduceScatter", "AllReduce", "prefetch fwd/bwd"):
+        t.add_column(col, justify="left" if col in ("unit", "strategy", "prefetch fwd/bwd") else "right")
+    for i, (u, c) in enumerate(zip(plan.units, sc.units)):
+        shards = 1 if u.strategy is Strategy.REPLICATE else plan.world
+        ag_b = u.params * sb.unsharded_param
+        red_b = u.params * sb.reduce
+        n_ag = 0 if u.strategy is Strategy.REPLICATE else (2 if u.strategy is Strategy.FULL_SHARD else 1)
+        kind = reduce_kind(u.strategy)
+        ag = f"{n_ag}x {fmt_bytes(ag_b)} {fmt_seconds(collective_time(sc, Collective.ALL_GATHER, i))}" if n_ag else "-"
+        red = f"{fmt_bytes(red_b)} {fmt_seconds(collective_time(sc, kind, i))}"
+        t.add_row(u.name, str(len(u.layers)), fmt_count(u.params), u.strategy.value,
+                  fmt_bytes(sb.at_rest * -(-u.params // shards)), fmt_bytes(ag_b),
+                  fmt_seconds(c.forward_seconds), fmt_seconds(c.backward_seconds), ag,
+                  red if kind is Collective.REDUCE_SCATTER else "-",
+                  red if kind is Collective.ALL_REDUCE else "-",
+                  f"{','.join(u.forward_prefetch) or '-'} / {','.join(u.backward_prefetch) or '-'}")
+    return t
+
+
+def summary_lines(plan: Plan) -> list[str]:
+    p, m, s = plan.predicted, plan.predicted.memory, plan.solver
+    budget = fmt_bytes(plan.memory_budget_bytes) if plan.memory_budget_bytes else "none"
+    lines = [
+        f"predicted peak per worker: {fmt_bytes(p.peak_bytes)} (budget {budget}) at {p.peak_at}",
+        f"  params {fmt_bytes(m.params)}, grads {fmt_bytes(m.grads)}, optimizer {fmt_bytes(m.optimizer)}, "
+        f"activations {fmt_bytes(m.activations)}, comm buffers {fmt_bytes(m.comm_buffers)}",
+        f"  model states (ZeRO's definition) {fmt_bytes(p.model_states_bytes)}",
+        f"predicted step: {fmt_seconds(p.step_seconds)} = compute {fmt_seconds(p.compute_seconds)} "
+        f"+ exposed communication {fmt_seconds(p.exposed_comm_seconds)}; "
+        f"lower bound max(compute, communication {fmt_seconds(p.comm_seconds)}) = {fmt_seconds(p.lower_bound_seconds)}",
+        f"solver: {s.name}, status {s.status}, gap {s.gap:.2%}, {s.seconds:.3f} s",
+    ]
+    return lines + [f"note: {n}" for n in plan.notes]
+
+
+def print_plan(plan: Plan, profile: Profile, cluster: Cluster, *, console: Console | None = None) -> None:
+    # Wide enough for the table when printing to a pipe or file (rich assumes 80).
+    console = console or Console(width=None if sys.stdout.isatty() else 200)
+    console.print(unit_table(plan, profile, cluster))
+    for line in summary_lines(plan):
+        console.print(line, highlight=False, markup=False)
