@@ -1,0 +1,85 @@
+"""`shardsched plan` end to end through the console entry point."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+CONTRACT_KEYS = {"version", "fingerprint", "world", "gpus_per_node", "memory_budget_bytes", "units", "predicted", "solver"}
+PREDICTED_KEYS = {"peak_bytes", "step_seconds", "compute_seconds", "exposed_comm_seconds", "lower_bound_seconds",
+                  "model_states_bytes", "memory"}
+
+
+def shardsched(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "shardsched", *args], capture_output=True, text=True, **kw)
+
+
+def test_plan_json_has_the_contract_keys():
+    r = shardsched("plan", "--model", "gpt:layers=24,hidden=2048,heads=16,vocab=50304,seq=2048", "--micro-batch", "4",
+                   "--world", "64", "--strategy", "shard_grad_op", "--json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert CONTRACT_KEYS <= plan.keys() and PREDICTED_KEYS <= plan["predicted"].keys()
+    assert set(plan["predicted"]["memory"]) == {"params", "grads", "optimizer", "activations", "comm_buffers"}
+    assert sum(u["params"] for u in plan["units"]) == 24 * 12 * 2048**2 + 24 * 13 * 2048 + 2 * 50304 * 2048 + 2048 * 2048 + 2 * 2048
+    assert {u["strategy"] for u in plan["units"]} == {"shard_grad_op"}
+    assert plan["predicted"]["memory"]["params"] + plan["predicted"]["memory"]["grads"] + \
+        plan["predicted"]["memory"]["optimizer"] + plan["predicted"]["memory"]["activations"] + \
+        plan["predicted"]["memory"]["comm_buffers"] == plan["predicted"]["peak_bytes"]
+
+
+def test_gpt3_175b_at_world_1024_answers_in_under_2_seconds():
+    t0 = time.perf_counter()
+    r = shardsched("plan", "--model", "gpt3-175b", "--world", "1024", "--gpus-per-node", "8", "--device", "h100",
+                   "--strategy", "full_shard")
+    elapsed = time.perf_counter() - t0
+    print(f"gpt3-175b plan at world 1024: {elapsed:.2f} s")
+    assert r.returncode == 0, r.stderr
+    assert "predicted peak per worker" in r.stdout and "blocks.95" in r.stdout
+    assert elapsed < 2.0
+
+
+def test_overrides_and_table(tmp_path):
+    out = tmp_path / "p.json"
+    r = shardsched("plan", "--model", "tiny", "--device", "cpu", "--world", "4", "--no-fuse",
+                   "--strategy", "full_shard,blocks.0-1=replicate,head=shard_grad_op", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(out.read_text())
+    assert [u["strategy"] for u in plan["units"]] == ["full_shard", "replicate", "replicate", "full_shard",
+                                                       "full_shard", "shard_grad_op"]
+    assert "exposed communication" in r.stdout
+
+
+BAD = [
+    (["--model", "gpt5"], "unknown model"),
+    (["--model", "gpt:layers=two"], "not an integer"),
+    (["--model", "gpt:depth=3"], "accepted"),
+    (["--memory-budget", "12XB"], "accepted"),
+    (["--world", "0"], "--world must be >= 1"),
+    (["--world", "12", "--gpus-per-node", "8"], "must divide"),
+    (["--strategy", "zero4"], "unknown strategy"),
+    (["--device", "tpu"], "unknown device"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD)
+def test_bad_input_is_one_line_exit_2(args, needle):
+    r = shardsched("plan", *args)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr
+
+
+def test_bad_plan_files(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{ not json")
+    r = shardsched("plan", "--plan", str(bad))
+    assert r.returncode == 2 and "not valid JSON" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    good = tmp_path / "tiny.json"
+    assert shardsched("plan", "--model", "tiny", "--device", "cpu", "--world", "2", "--out", str(good)).returncode == 0
+    r = shardsched("plan", "--model", "small", "--device", "cpu", "--world", "2", "--plan", str(good))
+    assert r.returncode == 2 and "another model" in r.stderr
+    before = good.read_text()
+    r = shardsched("plan", "--model", "tiny", "--world", "0", "--out", str(good))
+    assert r.returncode == 2 and good.read_text() == before  # nothing good overwritten
