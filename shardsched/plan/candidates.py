@@ -1,0 +1,190 @@
+"""Grouping candidates: which sequences of units the schedulers are asked to plan.
+
+The MILP (`plan.milp`) is indexed by compute steps, and the number of steps
+depends on the grouping, so grouping is decided outside it: every candidate
+grouping below is scheduled (greedy, then MILP) and the fastest fitting one
+wins. Candidates (DESIGN.md, "Vocabulary": fusion and partitioning):
+- atoms: the profile's layers, or, for a layer larger than the block size that
+  has children, its children (tensor partitioning: gathering half a block at a
+  time halves the transient buffer, which buys fit at tight budgets);
+- exhaustive: every composition of the atoms into consecutive units, when there
+  are few atoms (2^(k-1) groupings; this is what `plan.brute` enumerates);
+- otherwise pruned: no fusion; fusion up to the block size (as `build.make_plan`
+  does); fusion beyond it while the fused AllGather costs < 1.2x the largest
+  part's (latency-bound messages, the DeepCompile / ZeRO++ bucket rule); a
+  larger unit costs memory and only pays when alpha dominates, so larger
+  fusions are never candidates.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import NamedTuple
+
+from shardsched.cost.comm import Collective, block_size_bytes, collective_seconds
+from shardsched.cost.device import Cluster
+from shardsched.cost.memory import state_bytes
+from shardsched.plan.schedule import make_scenario
+from shardsched.plan.types import Optimizer, Precision, Strategy
+from shardsched.plan.units import unit_cost
+from shardsched.profile.types import LayerProfile, Profile
+from shardsched.sim.scenario import Scenario, UnitCost
+
+ALL = (Strategy.REPLICATE, Strategy.SHARD_GRAD_OP, Strategy.FULL_SHARD)
+EXHAUSTIVE_ATOMS = 5
+"""Up to this many atoms every grouping is a candidate (16 groupings)."""
+FUSE_RATIO = 1.2
+
+
+class Choice(NamedTuple):
+    """Discrete decisions for one grouping: what the simulator replays."""
+
+    strategies: tuple[Strategy, ...]
+    fwd: tuple[int, ...]
+    bwd: tuple[int | None, ...]
+
+
+class Problem(NamedTuple):
+    """One grouping to schedule, with everything `make_scenario` needs."""
+
+    costs: tuple[UnitCost, ...]
+    allowed: tuple[tuple[Strategy, ...], ...]
+    profile: Profile
+    cluster: Cluster
+    precision: Precision
+    optimizer: Optimizer
+
+    @property
+    def n(self) -> int:
+        return len(self.costs)
+
+    def scenario(self, choice: Choice) -> Scenario:
+        return make_scenario(list(self.costs), list(choice.strategies), choice.fwd, choice.bwd,
+                             profile=self.profile, cluster=self.cluster,
+                             precision=self.precision, optimizer=self.optimizer)
+
+
+def _with_residual(layer: LayerProfile) -> list[LayerProfile]:
+    """The children, the last one absorbing what the parent runs outside them
+    (residual adds, attention core), so the partition costs what the layer does."""
+    kids = list(layer.children)
+    last = kids[-1]
+    kids[-1] = LayerProfile(
+        name=last.name, params=last.params + layer.params - sum(c.params for c in kids),
+        forward_seconds=last.forward_seconds + layer.forward_seconds - sum(c.forward_seconds for c in kids),
+        backward_seconds=last.backward_seconds + layer.backward_seconds - sum(c.backward_seconds for c in kids),
+        activation_bytes=last.activation_bytes + layer.activation_bytes - sum(c.activation_bytes for c in kids),
+        workspace_bytes=last.workspace_bytes)
+    return kids
+
+
+def atoms(profile: Profile, *, block_params: int, partition: bool) -> list[tuple[LayerProfile, str]]:
+    """(atom, owning layer) in execution order; large layers split into children."""
+    out = []
+    for layer in profile.layers:
+        if partition and layer.children and layer.params > block_params:
+            out += [(c, layer.name) for c in _with_residual(layer)]
+        else:
+            out.append((layer, layer.name))
+    return out
+
+
+def block_params(cluster: Cluster, precision: Precision, optimizer: Optimizer) -> int:
+    return block_size_bytes(cluster) // state_bytes(precision, optimizer).unsharded_param
+
+
+def compositions(k: int):
+    """Every split of range(k) into consecutive non-empty groups."""
+    for cuts in itertools.product((False, True), repeat=max(0, k - 1)):
+        groups, cur = [], [0]
+        for i, cut in enumerate(cuts, start=1):
+            if cut:
+                groups.append(cur)
+                cur = []
+            cur.append(i)
+        groups.append(cur)
+        yield groups
+
+
+def _ag_seconds(params: int, cluster: Cluster, unsharded: int) -> float:
+    return collective_seconds(Collective.ALL_GATHER, params * unsharded, cluster)
+
+
+def fuse(sizes: list[int], *, limit: int = 0, ratio: float = 0.0, cluster: Cluster | None = None,
+         unsharded: int = 2, breaks: set[int] = frozenset()) -> list[list[int]]:
+    """Greedy left-to-right fusion: below `limit` params, or while the fused
+    AllGather costs < `ratio` x the largest part's. No group crosses a break."""
+    groups: list[list[int]] = []
+    for i, p in enumerate(sizes):
+        if groups and i not in breaks:
+            cur = sum(sizes[j] for j in groups[-1])
+            fits = limit > 0 and cur < limit
+            if ratio and cluster is not None:
+                big = max(cur, p)
+                fits = fits or (_ag_seconds(cur + p, cluster, unsharded)
+                                < ratio * _ag_seconds(big, cluster, unsharded))
+            if fits:
+                groups[-1].append(i)
+                continue
+        groups.append([i])
+    return groups
+
+
+def _allowed(pins: list[Strategy | None]) -> tuple[Strategy, ...] | None:
+    """Strategies a unit of these atoms may take; None when pins conflict."""
+    fixed = {p for p in pins if p is not None}
+    if len(fixed) > 1:
+        return None
+    return tuple(fixed) if fixed else ALL
+
+
+def problem_for(groups: list[list[int]], atom_list, pins: list[Strategy | None], *, profile: Profile,
+                cluster: Cluster, precision: Precision, optimizer: Optimizer) -> Problem | None:
+    allowed = [_allowed([pins[i] for i in g]) for g in groups]
+    if any(a is None for a in allowed):
+        return None
+    costs = tuple(unit_cost([atom_list[i][0] for i in g]) for g in groups)
+    return Problem(costs=costs, allowed=tuple(allowed), profile=profile, cluster=cluster,
+                   precision=precision, optimizer=optimizer)
+
+
+def candidate_problems(profile: Profile, cluster: Cluster, *, pins: dict[str, Strategy | None],
+                       precision: Precision, optimizer: Optimizer,
+                       exhaustive_atoms: int = EXHAUSTIVE_ATOMS) -> list[Problem]:
+    """Distinct groupings worth scheduling (see the module docstring)."""
+    block = block_params(cluster, precision, optimizer)
+    unsharded = state_bytes(precision, optimizer).unsharded_param
+    kw = dict(profile=profile, cluster=cluster, precision=precision, optimizer=optimizer)
+    out, seen = [], set()
+    for partition in (False, True):
+        alist = atoms(profile, block_params=block, partition=partition)
+        names = tuple(a.name for a, _ in alist)
+        if partition and names == tuple(layer.name for layer in profile.layers):
+            continue  # nothing to partition
+        apins = [pins.get(owner) for _, owner in alist]
+        sizes = [a.params for a, _ in alist]
+        breaks = {i for i in range(1, len(alist)) if apins[i] != apins[i - 1]}
+        if len(alist) <= exhaustive_atoms:
+            groupings = list(compositions(len(alist)))
+        else:
+            groupings = [[[i] for i in range(len(alist))],
+                         fuse(sizes, limit=block, breaks=breaks),
+                         fuse(sizes, limit=block, ratio=FUSE_RATIO, cluster=cluster,
+                              unsharded=unsharded, breaks=breaks)]
+        for g in groupings:
+            key = tuple(tuple(names[i] for i in grp) for grp in g)
+            if key in seen:
+                continue
+            seen.add(key)
+            p = problem_for(g, alist, apins, **kw)
+            if p is not None:
+                out.append(p)
+    return out
+
+
+def finest_problem(profile: Profile, cluster: Cluster, *, pins: dict[str, Strategy | None],
+                   precision: Precision, optimizer: Optimizer) -> Problem:
+    """Smallest units: every large layer partitioned, nothing fused."""
+    alist = atoms(profile, block_params=0, partition=True)
+    apins = [pins.get(owner) for _, owner in alist]
+    return problem_for([[i] for i in range(len(alist))], alist, apins, profile=profile,
+                       cluster=cluster, precision=precision, optimizer=optimizer)

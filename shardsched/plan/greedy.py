@@ -1,0 +1,193 @@
+"""Greedy schedule, DeepCompile-style: always feasible when anything is.
+
+DeepCompile (Tanaka et al. 2025, "DeepCompile: A Compiler-Driven Approach to
+Optimizing Distributed Deep Learning Training") schedules ZeRO-3 passes
+greedily under a memory limit: start from the most sharded program, then
+spend the free memory on (1) unsharding parameters that pay most per byte
+("selective unsharding") and (2) launching AllGathers earlier ("proactive
+prefetching"). Here:
+  1. every unit full_shard (or its pinned strategy), no prefetch: the
+     schedule with the least memory at every moment (`sim.memory`);
+  2. upgrades to less sharded strategies by communication seconds saved per
+     byte, kept when the simulated step is not slower and the peak fits;
+  3. hoists every AllGather earlier, one step at a time, while it fits and the
+     step is not slower (uniformly for big models: per-AllGather hoisting costs
+     O(units x window) replays).
+Its result is the MILP's warm start and the fallback when HiGHS times out.
+`fast_peak` evaluates `sim.memory.step_memory`'s peak with prefix sums (O(n)
+instead of O(n^2)); tests check it against the simulator.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from shardsched.plan.candidates import Choice, Problem
+from shardsched.plan.milp import FS, REP, SGO, costs_of
+from shardsched.sim.timeline import replay
+
+PER_AG_HOIST_UNITS = 40
+"""Above this many units, hoist all AllGathers together (see module docstring)."""
+MIN_FIRST = (FS, SGO, REP)
+
+
+class Evaluator:
+    """Step seconds and peak bytes of Choices of one Problem."""
+
+    def __init__(self, p: Problem):
+        self.p, self.c = p, costs_of(p)
+        c = self.c
+        self.unsh = np.array(c.unsharded, dtype=np.float64)
+        self.act = np.concatenate([[0], np.cumsum(c.act)]).astype(np.float64)
+
+    def seconds(self, ch: Choice) -> float:
+        return replay(self.p.scenario(ch)).step_seconds
+
+    def peak(self, ch: Choice) -> int:
+        return int(max(self.moments(ch)))
+
+    def _pending(self, ch: Choice, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Pending AllGather bytes per step, launched-here included / excluded."""
+        inc, exc = np.zeros(2 * n + 2), np.zeros(2 * n + 2)
+        for j in range(n):
+            for launch, use in ((ch.fwd[j], j), (ch.bwd[j], 2 * n - 1 - j)):
+                if launch is None or launch >= use:
+                    continue
+                inc[launch] += self.unsh[j]
+                inc[use] -= self.unsh[j]
+                exc[launch + 1] += self.unsh[j]
+                exc[use] -= self.unsh[j]
+        return np.cumsum(inc), np.cumsum(exc)
+
+    def moments(self, ch: Choice) -> list[float]:
+        """The largest moment of every compute step, as `sim.memory.step_memory`."""
+        c, n = self.c, self.p.n
+        sb = c.state
+        shard = np.array([c.shard[i][s] for i, s in enumerate(ch.strategies)], dtype=np.float64)
+        pers = shard.sum() * (sb.param + sb.optimizer) + c.input_bytes
+        nonfs = np.array([s is not FS for s in ch.strategies], dtype=np.float64) * self.unsh
+        U = np.concatenate([[0], np.cumsum(nonfs)])
+        G = np.concatenate([np.cumsum((shard * sb.grad)[::-1])[::-1], [0]])
+        inc, exc = self._pending(ch, n)
+        out = []
+        for i in range(n):
+            u, prev = self.unsh[i], self.unsh[i - 1] if i else 0.0
+            out.append(pers + U[i] + max(2 * u + prev + self.act[i] + exc[i],
+                                         2 * u + self.act[i + 1] + c.ws[i] + inc[i]))
+        for s in range(n, 2 * n):
+            out.append(self._backward(ch, s, pers, U, G, inc, exc))
+        out.append(pers + G[0] + int(c.opt_factor * shard.sum() * sb.param))
+        return out
+
+    def _backward(self, ch, s, pers, U, G, inc, exc) -> float:
+        c, n = self.c, self.p.n
+        i = 2 * n - 1 - s
+        held = c.rsbuf[i + 1] if i + 1 < n else 0
+        base = pers + U[i] + G[i + 1]
+        u = self.unsh[i]
+        m = max(u + self.act[i + 1] + c.ws[i] + held + inc[s],  # backward starts
+                u + c.ugrad[i] + self.act[i] + held + inc[s],  # backward ends
+                c.ugrad[i] + self.act[i] + c.rsbuf[i] + inc[s])  # reduce
+        if ch.strategies[i] is FS:
+            m = max(m, 2 * self.unsh[i] + self.act[i + 1] + held + exc[s])
+        return base + m
+
+
+def least_memory(p: Problem) -> Choice:
+    """Most sharded allowed strategy everywhere, every AllGather at its use."""
+    n = p.n
+    strat = tuple(next(k for k in MIN_FIRST if k in p.allowed[i]) for i in range(n))
+    return Choice(strat, tuple(range(n)), tuple(2 * n - 1 - i if s is FS else None for i, s in enumerate(strat)))
+
+
+def _with(ch: Choice, i: int, strategy) -> Choice:
+    n = len(ch.strategies)
+    strat = ch.strategies[:i] + (strategy,) + ch.strategies[i + 1:]
+    bwd = ch.bwd[:i] + ((2 * n - 1 - i) if strategy is FS else None,) + ch.bwd[i + 1:]
+    return Choice(strat, ch.fwd, bwd)
+
+
+def _moves(ev: Evaluator, ch: Choice) -> list[tuple[float, int, object, object]]:
+    """(seconds saved per byte, unit, from, to), best first (DeepCompile's ranking)."""
+    c, w = ev.c, ev.p.cluster.world
+    out = []
+    for i, allowed in enumerate(ev.p.allowed):
+        comm = {FS: 2 * c.ag[i] + c.red[i][FS], SGO: c.ag[i] + c.red[i][SGO], REP: c.red[i][REP]}
+        held = {FS: 0, SGO: c.unsharded[i], REP: c.unsharded[i]}
+        rest = {k: c.shard[i][k] * c.state.at_rest for k in (FS, SGO, REP)}
+        for a in allowed:
+            for b in allowed:
+                saved = comm[a] - comm[b]
+                cost = held[b] + rest[b] - held[a] - rest[a]
+                if MIN_FIRST.index(b) > MIN_FIRST.index(a) and saved > 0:
+                    out.append((saved / max(cost, 1), i, a, b))
+    return sorted(out, key=lambda m: -m[0])
+
+
+def upgrade(ev: Evaluator, ch: Choice, *, budget: int) -> Choice:
+    """Step 2: spend free memory on less sharding, best saving per byte first."""
+    t = ev.seconds(ch)
+    for _, i, a, b in _moves(ev, ch):
+        if ch.strategies[i] is not a:
+            continue
+        cand = _with(ch, i, b)
+        if ev.peak(cand) <= budget:
+            tc = ev.seconds(cand)
+            if tc <= t:
+                ch, t = cand, tc
+    return ch
+
+
+def _hoisted(ch: Choice, *, fwd: dict | None = None, bwd: dict | None = None) -> Choice:
+    f, b = list(ch.fwd), list(ch.bwd)
+    for i, l in (fwd or {}).items():
+        f[i] = l
+    for i, l in (bwd or {}).items():
+        b[i] = l
+    return Choice(ch.strategies, tuple(f), tuple(b))
+
+
+def hoist_each(ev: Evaluator, ch: Choice, *, budget: int, ahead: int) -> Choice:
+    """Step 3: every AllGather as early as memory allows, if the step is not slower."""
+    n, t = ev.p.n, ev.seconds(ch)
+    gathers = [(i, True) for i in range(n)] + [(i, False) for i in reversed(range(n)) if ch.bwd[i] is not None]
+    for i, forward in gathers:
+        lo = max(0, i - ahead) if forward else max(n, 2 * n - 1 - i - ahead)
+        while True:
+            cur = ch.fwd[i] if forward else ch.bwd[i]
+            if cur <= lo:
+                break
+            cand = _hoisted(ch, fwd={i: cur - 1}) if forward else _hoisted(ch, bwd={i: cur - 1})
+            if ev.peak(cand) > budget:
+                break
+            tc = ev.seconds(cand)
+            if tc > t:
+                break
+            ch, t = cand, tc
+    return ch
+
+
+def hoist_uniform(ev: Evaluator, ch: Choice, *, budget: int, ahead: int) -> Choice:
+    """Step 3 for big models: all AllGathers k steps ahead, the best fitting k."""
+    n, best, t = ev.p.n, ch, ev.seconds(ch)
+    for k in range(1, ahead + 1):
+        cand = _hoisted(ch, fwd={i: max(0, i - k) for i in range(n)},
+                        bwd={i: max(n, 2 * n - 1 - i - k) for i in range(n) if ch.bwd[i] is not None})
+        if ev.peak(cand) > budget:
+            break
+        tc = ev.seconds(cand)
+        if tc < t:
+            best, t = cand, tc
+    return best
+
+
+def greedy(p: Problem, *, budget: int, ahead: int | None = None) -> Choice | None:
+    """Steps 1-3; None when even the least-memory schedule does not fit."""
+    ev = Evaluator(p)
+    ch = least_memory(p)
+    if ev.peak(ch) > budget:
+        return None
+    ahead = p.n if ahead is None else ahead
+    ch = upgrade(ev, ch, budget=budget)
+    if p.n > PER_AG_HOIST_UNITS:
+        return hoist_uniform(ev, ch, budget=budget, ahead=ahead)
+    return hoist_each(ev, ch, budget=budget, ahead=ahead)

@@ -1,0 +1,440 @@
+"""The schedule MILP for one grouping: strategies and AllGather launch points.
+
+Decisions (binary): z[i,k] unit i takes strategy k; xf[i,l] its forward
+AllGather is launched at step l; xb[i,l] its backward AllGather (full_shard
+only) at step l. Times (continuous, in units of `tscale` seconds), one set per
+compute step s = 0..2n (`sim.scenario` indexing):
+  S[s] issue start of step s's AllGathers = max(Z[s-1], E[s-1])
+  Z[s] channel free after step s's collectives (AllGathers, then its reduction)
+  E[s] end of compute step s
+They mirror `sim.timeline.replay` exactly: program order is fixed by the launch
+steps, the channel is FIFO, and an AllGather launched at l with use u ends at
+S[l] + (durations of the AllGathers launched at l with use <= u): FSDP2 issues a
+step's own unsharding first, then its prefetch list in use order. That sum is
+linear in the binaries; the "compute u waits for it" constraint holds only when
+u's AllGather is launched at l, hence big-M. Every constraint is ">=" of a max-
+plus recurrence, so for fixed binaries the minimal E[2n] is the replay's step
+time (tests/plan/test_milp_vs_brute.py checks objective == replay).
+
+Memory: every moment `sim.memory.step_memory` evaluates (forward copy-out and
+compute; backward compute, reduce and full_shard copy-out; optimizer) is a
+linear expression of z and x, constrained <= budget. Running sums (persistent
+states, reduced gradients, live non-full_shard parameters) are auxiliary
+variables so rows stay short.
+
+Big-M: with the warm start's step time T_ub as an upper bound on E[2n] (a
+schedule worse than the start is useless), every AllGather ends by T_ub, so
+M = T_ub - (compute before u) is valid and as tight as we know how to make it.
+Big-M deadlines give weak LP bounds; the warm start is what makes HiGHS fast.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import NamedTuple
+
+import highspy
+import numpy as np
+
+from shardsched.cost.comm import Collective, collective_seconds
+from shardsched.cost.memory import shards
+from shardsched.plan.candidates import Choice, Problem
+from shardsched.plan.types import Strategy
+
+FS, SGO, REP = Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP, Strategy.REPLICATE
+GiB = float(1 << 30)
+MEMORY_MARGIN_GIB = 0.5 / GiB
+"""Rows are in GiB; keep half a byte below the budget (simulated bytes are integers) so solver tolerances never
+let a schedule that the simulator rejects through."""
+
+
+class MilpResult(NamedTuple):
+    choice: Choice | None
+    objective: float
+    """Step seconds the MILP claims for `choice` (== replay)."""
+    status: str
+    gap: float
+    seconds: float
+
+
+class _Model:
+    """Columns and rows accumulated in Python, passed to HiGHS once (rowwise)."""
+
+    def __init__(self):
+        self.lb, self.ub, self.integer, self.cost, self.rows = [], [], [], [], []
+
+    def var(self, lb=0.0, ub=1.0, *, integer=False) -> int:
+        self.lb.append(lb)
+        self.ub.append(ub)
+        self.integer.append(integer)
+        self.cost.append(0.0)
+        return len(self.lb) - 1
+
+    def row(self, terms: dict[int, float], lo=-math.inf, hi=math.inf) -> None:
+        self.rows.append(({k: v for k, v in terms.items() if v != 0.0}, lo, hi))
+
+    def ge(self, lhs: dict, rhs: dict, const: float = 0.0) -> None:
+        """sum(lhs) >= sum(rhs) + const."""
+        self.row(_add(lhs, rhs, -1.0), lo=const)
+
+    def lp(self) -> highspy.HighsLp:
+        lp = highspy.HighsLp()
+        lp.num_col_, lp.num_row_ = len(self.lb), len(self.rows)
+        lp.col_cost_ = np.array(self.cost)
+        lp.col_lower_, lp.col_upper_ = np.array(self.lb), np.array(self.ub)
+        lp.row_lower_ = np.array([lo for _, lo, _ in self.rows], dtype=float)
+        lp.row_upper_ = np.array([hi for _, _, hi in self.rows], dtype=float)
+        starts, index, value = [0], [], []
+        for terms, _, _ in self.rows:
+            index += list(terms)
+            value += list(terms.values())
+            starts.append(len(index))
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+        lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
+        lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
+        lp.a_matrix_.value_ = np.array(value, dtype=float)
+        lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = lp.num_col_, lp.num_row_
+        lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous
+                           for i in self.integer]
+        return lp
+
+
+def _add(a: dict, b: dict, sign: float = 1.0) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = out.get(k, 0.0) + sign * v
+    return out
+
+
+class Costs(NamedTuple):
+    """Per-unit constants of one Problem (seconds and bytes)."""
+
+    ag: list[float]
+    red: list[dict]
+    fwd: list[float]
+    bwd: list[float]
+    shard: list[dict]
+    unsharded: list[int]
+    ugrad: list[int]
+    rsbuf: list[int]
+    act: list[int]
+    ws: list[int]
+    state: object
+    input_bytes: int
+    opt_factor: float
+    opt_per_param: float
+    """Optimizer seconds per persistent (sharded) parameter (`plan.schedule.make_scenario`)."""
+
+
+def costs_of(p: Problem) -> Costs:
+    cl, w = p.cluster, p.cluster.world
+    sc = p.scenario(Choice(tuple(a[0] for a in p.allowed), tuple(range(p.n)), (None,) * p.n))
+    sb = sc.state
+    ag = [collective_seconds(Collective.ALL_GATHER, c.params * sb.unsharded_param, cl) for c in p.costs]
+    rs = [collective_seconds(Collective.REDUCE_SCATTER, c.params * sb.reduce, cl) for c in p.costs]
+    ar = [collective_seconds(Collective.ALL_REDUCE, c.params * sb.reduce, cl) for c in p.costs]
+    return Costs(ag=ag, red=[{REP: a, SGO: r, FS: r} for a, r in zip(ar, rs)],
+                 fwd=[c.forward_seconds for c in p.costs], bwd=[c.backward_seconds for c in p.costs],
+                 shard=[{k: -(-c.params // shards(k, w)) for k in (REP, SGO, FS)} for c in p.costs],
+                 unsharded=[c.params * sb.unsharded_param for c in p.costs],
+                 ugrad=[c.params * sb.unsharded_grad for c in p.costs],
+                 rsbuf=[c.params * sb.reduce for c in p.costs],
+                 act=[c.activation_bytes for c in p.costs], ws=[c.workspace_bytes for c in p.costs],
+                 state=sb, input_bytes=sc.input_bytes, opt_factor=sc.optimizer_workspace_factor,
+                 opt_per_param=sb.at_rest * 2 / cl.device.memory_bandwidth)
+
+
+def windows(n: int, ahead: int) -> tuple[list[range], list[range]]:
+    """Launch windows at most `ahead` steps before use (`sim.scenario` bounds).
+    Why a window: an AllGather launched K steps early holds its buffer K steps;
+    beyond a few steps the channel is already saturated (a one-ahead prefetch
+    keeps a FIFO channel busy whenever communication is the bottleneck), so for
+    large models we cap K and trade exactness for a smaller model (`auto`)."""
+    fwin = [range(max(0, i - ahead), i + 1) for i in range(n)]
+    bwin = [range(max(n, 2 * n - 1 - i - ahead), 2 * n - i) for i in range(n)]
+    return fwin, bwin
+
+
+class _Build:
+    """Columns and rows of the MILP for one Problem (see module docstring)."""
+
+    def __init__(self, p: Problem, *, budget: int, ahead: int, t_ub: float | None):
+        self.p, self.c, self.n, self.m = p, costs_of(p), p.n, _Model()
+        self.fwin, self.bwin = windows(p.n, ahead)
+        comp = self.c.fwd + self.c.bwd[::-1]
+        self.tscale = max(sum(comp), 1e-12)  # times ~1: tolerances are relative to the step
+        self.comp = [t / self.tscale for t in comp]
+        self.t_ub = (t_ub / self.tscale) * (1 + 1e-7) + 1e-9 if t_ub is not None else self._serial_bound()
+        self.aux_defs: list[tuple[int, dict, float]] = []
+        self._decisions()
+        self._times()
+        self._memory(budget)
+
+    def _serial_bound(self) -> float:
+        c = self.c
+        worst = sum(2 * a + max(r.values()) for a, r in zip(c.ag, c.red))
+        opt = sum(s[REP] for s in c.shard) * c.opt_per_param
+        return (sum(self.comp) + (worst + opt) / self.tscale) * 1.01 + 1e-9
+
+    def _decisions(self) -> None:
+        m, p = self.m, self.p
+        self.z = [{k: m.var(integer=True) for k in p.allowed[i]} for i in range(self.n)]
+        for i in range(self.n):
+            m.row({v: 1.0 for v in self.z[i].values()}, 1.0, 1.0)
+        self.xf = [{l: m.var(integer=True) for l in self.fwin[i]} for i in range(self.n)]
+        self.w = []
+        for i in range(self.n):
+            m.row({v: 1.0 for v in self.xf[i].values()}, 1.0, 1.0)
+            if REP in self.z[i]:  # w = xf and not replicate: a replicate AllGather is free
+                w = {l: m.var() for l in self.fwin[i]}
+                for l in self.fwin[i]:
+                    m.row({w[l]: 1.0, self.xf[i][l]: -1.0, self.z[i][REP]: 1.0}, lo=0.0)
+            else:
+                w = self.xf[i]
+            self.w.append(w)
+        self.xb = [{l: m.var(integer=True) for l in self.bwin[i]} if FS in self.z[i] else {}
+                   for i in range(self.n)]
+        for i in range(self.n):
+            if self.xb[i]:
+                m.row(_add({v: 1.0 for v in self.xb[i].values()}, {self.z[i][FS]: -1.0}), 0.0, 0.0)
+
+    def zexpr(self, i: int, coef: dict) -> dict:
+        return {v: coef[k] for k, v in self.z[i].items()}
+
+    def _ag_at(self, l: int, max_use: int) -> dict:
+        """Durations of the AllGathers launched at l with use <= max_use."""
+        n, c, ts, out = self.n, self.c, self.tscale, {}
+        for j in range(n):
+            if l in self.fwin[j] and j <= max_use:
+                out[self.w[j][l]] = c.ag[j] / ts
+            if l in self.xb[j] and 2 * n - 1 - j <= max_use:
+                out[self.xb[j][l]] = c.ag[j] / ts
+        return out
+
+    def _opt_seconds(self) -> dict:
+        out = {}
+        for i in range(self.n):
+            out = _add(out, self.zexpr(i, {k: s * self.c.opt_per_param / self.tscale
+                                           for k, s in self.c.shard[i].items()}))
+        return out
+
+    def _times(self) -> None:
+        m, n, ub = self.m, self.n, self.t_ub
+        self.S = [m.var(0.0, ub) for _ in range(2 * n)]
+        self.Z = [m.var(0.0, ub) for _ in range(2 * n)]
+        self.E = [m.var(0.0, ub) for _ in range(2 * n + 1)]
+        for s in range(2 * n):
+            if s > 0:
+                m.ge({self.S[s]: 1.0}, {self.Z[s - 1]: 1.0})
+                m.ge({self.S[s]: 1.0}, {self.E[s - 1]: 1.0})
+                m.ge({self.E[s]: 1.0}, {self.E[s - 1]: 1.0}, self.comp[s])
+            else:
+                m.ge({self.E[0]: 1.0}, {}, self.comp[0])
+            self._channel(s)
+            self._deadlines(s)
+        opt = self._opt_seconds()
+        m.ge({self.E[2 * n]: 1.0}, _add({self.E[2 * n - 1]: 1.0}, opt))
+        m.ge({self.E[2 * n]: 1.0}, _add({self.Z[2 * n - 1]: 1.0}, opt))
+        m.ge({self.E[2 * n]: 1.0}, _add(self._all_comm(), opt))  # a valid cut: the channel is serial
+        m.cost[self.E[2 * n]] = 1.0
+
+    def _channel(self, s: int) -> None:
+        n, m = self.n, self.m
+        batch = _add({self.S[s]: 1.0}, self._ag_at(s, 2 * n))
+        if s < n:
+            m.ge({self.Z[s]: 1.0}, batch)
+            return
+        i = 2 * n - 1 - s
+        red = self.zexpr(i, {k: v / self.tscale for k, v in self.c.red[i].items()})
+        m.ge({self.Z[s]: 1.0}, _add(batch, red))
+        m.ge({self.Z[s]: 1.0}, _add({self.E[s]: 1.0}, red))
+
+    def _deadlines(self, u: int) -> None:
+        """Compute u starts after its AllGather: E[u] - comp[u] >= end of that AllGather."""
+        n = self.n
+        i = u if u < n else 2 * n - 1 - u
+        launches = self.xf[i] if u < n else self.xb[i]
+        before = sum(self.comp[:u])
+        for l, x in launches.items():
+            big = max(self.t_ub - before, 0.0)
+            end = _add({self.S[l]: 1.0}, self._ag_at(l, u))
+            self.m.ge(_add({self.E[u]: 1.0}, {x: -big}), end, self.comp[u] - big)
+
+    def _all_comm(self) -> dict:
+        out = {}
+        for i in range(self.n):
+            a = self.c.ag[i] / self.tscale
+            out = _add(out, self.zexpr(i, {k: v / self.tscale + (a if k is not REP else 0.0)
+                                           + (a if k is FS else 0.0) for k, v in self.c.red[i].items()}))
+        return out
+
+    def _aux(self, terms: dict, const: float = 0.0) -> int:
+        """A continuous variable equal to `terms + const` (keeps memory rows short)."""
+        v = self.m.var(-math.inf, math.inf)
+        self.m.row(_add({v: 1.0}, terms, -1.0), const, const)
+        self.aux_defs.append((v, terms, const))
+        return v
+
+    def _running_sums(self) -> None:
+        c, n, g = self.c, self.n, 1.0 / GiB
+        sb = c.state
+        pp, po = {}, {}
+        for i in range(n):
+            pp = _add(pp, self.zexpr(i, {k: s * sb.param * g for k, s in c.shard[i].items()}))
+            po = _add(po, self.zexpr(i, {k: s * sb.optimizer * g for k, s in c.shard[i].items()}))
+        self.PP, self.PO = self._aux(pp), self._aux(po)
+        # G[i+1]: reduced gradients of units after i (backward of i runs after theirs).
+        self.G = [None] * (n + 1)
+        self.G[n] = self._aux({})
+        for i in reversed(range(n)):
+            self.G[i] = self._aux(_add({self.G[i + 1]: 1.0},
+                                       self.zexpr(i, {k: s * sb.grad * g for k, s in c.shard[i].items()})))
+        # U[i]: unsharded parameters of non-full_shard units before i (kept until their backward).
+        self.U = [self._aux({})]
+        for i in range(n - 1):
+            live = {k: (0.0 if k is FS else c.unsharded[i] * g) for k in self.z[i]}
+            self.U.append(self._aux(_add({self.U[-1]: 1.0}, self.zexpr(i, live))))
+
+    def _pending(self, s: int, *, inclusive: bool) -> dict:
+        """AllGather outputs launched (before / at) s and used after s."""
+        n, g, out = self.n, 1.0 / GiB, {}
+        for j in range(n):
+            for use, launches in ((j, self.xf[j]), (2 * n - 1 - j, self.xb[j])):
+                if use <= s:
+                    continue
+                for l, x in launches.items():
+                    if l < s or (l == s and inclusive):
+                        out[x] = out.get(x, 0.0) + self.c.unsharded[j] * g
+        return out
+
+    def _memory(self, budget: int) -> None:
+        """One row per moment of `sim.memory.step_memory`, in GiB, <= budget."""
+        self._running_sums()
+        c, n, g = self.c, self.n, 1.0 / GiB
+        cap = budget * g - MEMORY_MARGIN_GIB
+        self.mem_rows: list[tuple] = []  # (step, terms, const, gate column or None), for tests
+        act = np.concatenate([[0], np.cumsum(c.act)])  # act[i+1] = activations of units 0..i
+        base = {self.PP: 1.0, self.PO: 1.0}
+        for i in range(n):
+            u, prev = c.unsharded[i], c.unsharded[i - 1] if i else 0
+            live = _add(base, {self.U[i]: 1.0})
+            self._mem(i, _add(live, self._pending(i, inclusive=False)),
+                      (2 * u + prev + act[i] + c.input_bytes) * g, cap)
+            self._mem(i, _add(live, self._pending(i, inclusive=True)),
+                      (2 * u + act[i + 1] + c.ws[i] + c.input_bytes) * g, cap)
+        for s in range(n, 2 * n):
+            self._backward_rows(s, base, act, cap)
+        opt = {self.PP: 1.0 + c.opt_factor, self.PO: 1.0, self.G[0]: 1.0}
+        self._mem(2 * n, opt, c.input_bytes * g, cap)
+
+    def _backward_rows(self, s: int, base: dict, act, cap: float) -> None:
+        """Backward of unit i frees its activations as it makes its gradients:
+        start (activations + workspace), end (gradients), reduce, and the
+        copy-out of its backward AllGather when it is full_shard."""
+        c, n, g = self.c, self.n, 1.0 / GiB
+        i = 2 * n - 1 - s
+        held_rs = c.rsbuf[i + 1] if i + 1 < n else 0
+        live = _add(base, {self.U[i]: 1.0, self.G[i + 1]: 1.0})
+        pend = _add(live, self._pending(s, inclusive=True))
+        u, inp = c.unsharded[i], c.input_bytes
+        self._mem(s, pend, (u + act[i + 1] + c.ws[i] + inp + held_rs) * g, cap)
+        self._mem(s, pend, (u + c.ugrad[i] + act[i] + inp + held_rs) * g, cap)
+        self._mem(s, pend, (c.ugrad[i] + act[i] + inp + c.rsbuf[i]) * g, cap)
+        if FS in self.z[i]:  # counts only if full_shard: gate with big-M on z[i, FS]
+            terms = _add(live, self._pending(s, inclusive=False))
+            const = (2 * u + act[i + 1] + inp + held_rs) * g
+            big = self._bytes_bound() * g  # more than any moment can hold
+            self.m.row(_add(terms, {self.z[i][FS]: big}), hi=cap - const + big)
+            self.mem_rows.append((s, terms, const, self.z[i][FS]))
+
+    def _bytes_bound(self) -> float:
+        c = self.c
+        return (sum(sh[REP] for sh in c.shard) * c.state.at_rest + 3 * sum(c.unsharded) + sum(c.act)
+                + max(c.ws) + max(c.rsbuf) + max(c.ugrad) + c.input_bytes)
+
+    def _mem(self, s: int, terms: dict, const: float, cap: float) -> None:
+        self.m.row(terms, hi=cap - const)  # terms + const <= cap
+        self.mem_rows.append((s, terms, const, None))
+
+    # ---------------------------------------------------------------- start and result
+
+    def start(self, ch: Choice) -> np.ndarray:
+        """Column values of a Choice: binaries, then the tight (replay) times and aux sums."""
+        x = np.zeros(len(self.m.lb))
+        for i in range(self.n):
+            x[self.z[i][ch.strategies[i]]] = 1.0
+            x[self.xf[i][ch.fwd[i]]] = 1.0
+            if self.w[i] is not self.xf[i]:
+                x[self.w[i][ch.fwd[i]]] = 0.0 if ch.strategies[i] is REP else 1.0
+            if ch.bwd[i] is not None:
+                x[self.xb[i][ch.bwd[i]]] = 1.0
+        for v, terms, const in self.aux_defs:
+            x[v] = const + sum(c * x[k] for k, c in terms.items())
+        self._start_times(x)
+        return x
+
+    def _start_times(self, x: np.ndarray) -> None:
+        n = self.n
+        val = lambda terms: sum(c * x[k] for k, c in terms.items())  # noqa: E731
+        z_prev = e_prev = 0.0
+        for s in range(2 * n + 1):
+            if s == 2 * n:
+                x[self.E[s]] = max(e_prev, z_prev) + val(self._opt_seconds())
+                break
+            x[self.S[s]] = st = max(z_prev, e_prev)
+            x[self.E[s]] = e_prev = max(e_prev, self._ready(x, s)) + self.comp[s]
+            z = st + val(self._ag_at(s, 2 * n))
+            if s >= n:
+                i = 2 * n - 1 - s
+                red = val(self.zexpr(i, {k: v / self.tscale for k, v in self.c.red[i].items()}))
+                z = max(z, e_prev) + red
+            x[self.Z[s]] = z_prev = z
+
+    def _launch_col(self, u: int, l: int):
+        n = self.n
+        launches = self.xf[u] if u < n else self.xb[2 * n - 1 - u]
+        return launches.get(l)
+
+    def _ready(self, x: np.ndarray, u: int) -> float:
+        """End of the AllGather used at u (0 when it has none)."""
+        for l in range(u + 1):
+            col = self._launch_col(u, l)
+            if col is not None and x[col] > 0.5:
+                return x[self.S[l]] + sum(c * x[k] for k, c in self._ag_at(l, u).items())
+        return 0.0
+
+    def choice(self, x: np.ndarray) -> Choice:
+        strat = tuple(max(self.z[i], key=lambda k: x[self.z[i][k]]) for i in range(self.n))
+        fwd = tuple(max(self.xf[i], key=lambda l: x[self.xf[i][l]]) for i in range(self.n))
+        bwd = tuple(max(self.xb[i], key=lambda l: x[self.xb[i][l]]) if strat[i] is FS else None
+                    for i in range(self.n))
+        return Choice(strat, fwd, bwd)
+
+
+def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | None = None,
+          start_seconds: float | None = None, time_limit: float = 10.0, gap: float = 1e-9) -> MilpResult:
+    """Optimal schedule of one grouping under `budget` bytes (HiGHS, warm-started)."""
+    t0 = time.perf_counter()
+    b = _Build(p, budget=budget, ahead=p.n if ahead is None else ahead,
+               t_ub=start_seconds if start is not None else None)
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", max(0.05, time_limit - (time.perf_counter() - t0)))
+    h.setOptionValue("mip_rel_gap", gap)
+    h.setOptionValue("mip_feasibility_tolerance", 1e-9)
+    h.setOptionValue("primal_feasibility_tolerance", 1e-9)
+    h.setOptionValue("threads", 1)
+    h.passModel(b.m.lp())
+    if start is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = list(b.start(start))
+        sol.value_valid = True
+        h.setSolution(sol)
+    h.run()
+    status = h.modelStatusToString(h.getModelStatus()).lower()
+    info = h.getInfo()
+    if info.primal_solution_status == 0:  # no feasible point
+        return MilpResult(None, math.inf, status, math.inf, time.perf_counter() - t0)
+    x = np.array(h.getSolution().col_value)
+    return MilpResult(b.choice(x), info.objective_function_value * b.tscale, status,
+                      float(info.mip_gap), time.perf_counter() - t0)

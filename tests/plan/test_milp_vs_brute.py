@@ -1,0 +1,90 @@
+"""The MILP against brute force and the simulator, on small synthetic instances."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from shardsched.cost.device import DEVICES, Cluster
+from shardsched.plan import milp
+from shardsched.plan.auto import auto_plan
+from shardsched.plan.baselines import score
+from shardsched.plan.brute import brute_all
+from shardsched.plan.candidates import Choice, candidate_problems
+from shardsched.plan.greedy import Evaluator, greedy, least_memory
+from shardsched.plan.spec import parse_strategy_spec
+from shardsched.plan.types import Optimizer, Precision, Strategy
+from shardsched.profile.types import LayerProfile, Profile
+from shardsched.sim.memory import step_memory
+from shardsched.sim.timeline import replay
+
+KW = dict(pins={}, precision=Precision.BF16_MIXED, optimizer=Optimizer.ADAM)
+CLUSTER = Cluster(world=8, gpus_per_node=8, device=DEVICES["cpu"])
+
+
+def synth(k: int, seed: int) -> Profile:
+    """Varied sizes and times; AllGathers (2 GB/s) comparable to compute, so choices matter."""
+    r = random.Random(seed)
+    layers = tuple(LayerProfile(name=f"l{i}", params=r.choice([1, 3, 8]) * r.randint(1, 6) * 10**6,
+                                forward_seconds=r.uniform(2, 15) * 1e-3, backward_seconds=r.uniform(4, 30) * 1e-3,
+                                activation_bytes=r.randint(1, 60) * 10**6) for i in range(k))
+    return Profile(model="synth", layers=layers, fingerprint="synth", input_bytes=4096)
+
+
+def random_choice(p, r: random.Random) -> Choice:
+    st = tuple(r.choice(p.allowed[i]) for i in range(p.n))
+    fwd = tuple(r.randint(0, i) for i in range(p.n))
+    bwd = tuple(r.randint(p.n, 2 * p.n - 1 - i) if s is Strategy.FULL_SHARD else None for i, s in enumerate(st))
+    return Choice(st, fwd, bwd)
+
+
+def budgets(problems) -> list[int]:
+    lo = min(Evaluator(p).peak(least_memory(p)) for p in problems)
+    hi = max(Evaluator(p).peak(Choice((Strategy.REPLICATE,) * p.n, tuple(range(p.n)), (None,) * p.n))
+             for p in problems)
+    return [lo + 1, int(lo + 0.15 * (hi - lo)), int(lo + 0.4 * (hi - lo))]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_milp_equals_brute_force(seed):
+    prof = synth(4, seed)
+    problems = candidate_problems(prof, CLUSTER, **KW)
+    assert len(problems) == 8  # every grouping of 4 layers
+    for budget in budgets(problems):
+        _, b = brute_all(problems, budget=budget)
+        best = min((milp.solve(p, budget=budget) for p in problems), key=lambda r: r.objective)
+        assert best.objective == pytest.approx(b.seconds, rel=1e-9)
+        plan = auto_plan(prof, CLUSTER, spec=parse_strategy_spec("auto"), memory_budget_bytes=budget,
+                         precision=Precision.BF16_MIXED, optimizer=Optimizer.ADAM, time_limit=20)
+        assert plan.predicted.step_seconds == pytest.approx(b.seconds, rel=1e-9)
+        assert plan.predicted.peak_bytes <= budget
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_objective_equals_replay_and_fits(seed):
+    prof = synth(5, seed)
+    for p in candidate_problems(prof, CLUSTER, **KW)[:6]:
+        for budget in budgets([p]):
+            start = greedy(p, budget=budget)
+            r = milp.solve(p, budget=budget, start=start, start_seconds=score("g", p, start).seconds)
+            s = score("highs", p, r.choice)
+            assert r.objective == pytest.approx(s.seconds, rel=1e-9)
+            assert s.peak <= budget
+            assert s.seconds <= score("g", p, start).seconds * (1 + 1e-12)
+
+
+def test_memory_rows_and_evaluator_match_simulator():
+    r = random.Random(7)
+    for p in candidate_problems(synth(5, 5), CLUSTER, **KW)[:5]:
+        b, ev = milp._Build(p, budget=1 << 40, ahead=p.n, t_ub=None), Evaluator(p)
+        for _ in range(20):
+            ch = random_choice(p, r)
+            sim = [m.total for m in step_memory(p.scenario(ch))]
+            assert [int(m) for m in ev.moments(ch)] == sim
+            x = b.start(ch)
+            rows = [0.0] * len(sim)
+            for s, terms, const, gate in b.mem_rows:
+                if gate is None or x[gate] > 0.5:
+                    rows[s] = max(rows[s], const + sum(c * x[k] for k, c in terms.items()))
+            assert [v * milp.GiB for v in rows] == pytest.approx(sim, abs=64)
+            assert x[b.E[-1]] * b.tscale == pytest.approx(replay(p.scenario(ch)).step_seconds, rel=1e-12)
