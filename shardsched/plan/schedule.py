@@ -19,8 +19,17 @@ from shardsched.sim.scenario import Scenario, UnitCost
 OPTIMIZER_WORKSPACE_FACTOR = {"adam": 1.0, "sgd": 1.0}
 
 
+def _by_name(layers) -> dict:
+    """Layers and, recursively, their children (units of a partitioned layer)."""
+    out = {}
+    for layer in layers:
+        out[layer.name] = layer
+        out.update(_by_name(layer.children))
+    return out
+
+
 def unit_costs(plan: Plan, profile: Profile) -> list[UnitCost]:
-    by_name = {layer.name: layer for layer in profile.layers}
+    by_name = _by_name(profile.layers)
     missing = [n for u in plan.units for n in u.layers if n not in by_name]
     if missing:
         raise ValueError(f"plan names layers the profile lacks: {missing[:3]}")
