@@ -21,6 +21,7 @@ from shardsched.errors import UsageError
 from shardsched.plan import milp
 from shardsched.plan.baselines import Scored, score, uniform_baselines
 from shardsched.plan.candidates import Problem, candidate_problems, finest_problem
+from shardsched.plan.report import fmt_bytes
 from shardsched.plan.greedy import greedy, least_memory
 from shardsched.plan.spec import StrategySpec
 from shardsched.plan.types import Optimizer, Plan, Precision, SolverInfo, Strategy
@@ -138,11 +139,18 @@ def infeasible_message(profile: Profile, cluster: Cluster, *, budget: int, probl
     kind, size = max(((k, getattr(parts, k)) for k in ("params", "grads", "optimizer", "activations",
                                                         "comm_buffers")), key=lambda kv: kv[1])
     need = best.total
-    return (f"no plan fits the memory budget of {budget / GiB:.2f} GiB: the least-memory plan "
-            f"(full_shard everywhere, no prefetch, smallest units) needs {need / GiB:.2f} GiB "
-            f"({need} bytes) at {best.name}, dominated by {kind} ({size / GiB:.2f} GiB); "
-            f"use --memory-budget {math.ceil(need / GiB * 100) / 100:.2f}GiB or more, a larger world, "
-            f"or a smaller micro-batch")
+    return (f"no plan fits the memory budget of {fmt_bytes(budget)}: the least-memory plan "
+            f"(full_shard everywhere, no prefetch, smallest units) needs {need} bytes ({fmt_bytes(need)}) "
+            f"at {best.name}, dominated by {kind} ({fmt_bytes(size)}); use --memory-budget {_round_up(need)} "
+            f"or more, a larger world, or a smaller micro-batch")
+
+
+def _round_up(n: int) -> str:
+    """A budget flag value >= n in the largest unit that keeps 2 decimals honest."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{math.ceil(n / size * 100) / 100:.2f}{unit}"
+    return str(n)
 
 
 def _runs(strategies) -> list[tuple[int, int]]:

@@ -56,7 +56,7 @@ def test_infeasible_budget_names_the_smallest_that_fits():
         plan(prof, cl, 1 << 20)
     msg = str(e.value)
     assert isinstance(e.value, UsageError) and "\n" not in msg
-    need = int(re.search(r"\((\d+) bytes\)", msg).group(1))
+    need = int(re.search(r"needs (\d+) bytes", msg).group(1))
     assert re.search(r"dominated by (params|grads|optimizer|activations|comm_buffers)", msg)
     assert plan(prof, cl, need).predicted.peak_bytes <= need
     with pytest.raises(InfeasibleBudget):
