@@ -83,3 +83,19 @@ def test_bad_plan_files(tmp_path):
     before = good.read_text()
     r = shardsched("plan", "--model", "tiny", "--world", "0", "--out", str(good))
     assert r.returncode == 2 and good.read_text() == before  # nothing good overwritten
+
+
+def test_trace_shows_every_step_and_collective(tmp_path):
+    trace = tmp_path / "t.json"
+    r = shardsched("plan", "--model", "tiny", "--device", "cpu", "--world", "4", "--no-fuse", "--strategy", "full_shard",
+                   "--trace", str(trace), "--json")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    events = json.loads(trace.read_text())["traceEvents"]
+    n = len(plan["units"])
+    compute = [e for e in events if e.get("tid") == 0 and e["ph"] == "X"]
+    comm = [e for e in events if e.get("tid") == 1 and e["ph"] == "X"]
+    assert len(compute) == 2 * n + 1
+    assert len(comm) == 2 * n + n  # full_shard: two AllGathers and one ReduceScatter per unit
+    end = max(e["ts"] + e["dur"] for e in compute + comm) / 1e6
+    assert end == pytest.approx(plan["predicted"]["step_seconds"], rel=1e-9)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -38,6 +39,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a("--time-limit", type=float, default=10.0, help="seconds for the auto planner (default 10)")
     a("--json", action="store_true", help="print the plan as JSON instead of tables")
     a("--out", default=None, help="also write the plan JSON to this file")
+    a("--trace", default=None, help="write the simulated step as a Chrome trace (chrome://tracing, Perfetto)")
 
 
 def cluster_from_args(args: argparse.Namespace, *, python_model: bool) -> Cluster:
@@ -90,6 +92,8 @@ def run_plan(args: argparse.Namespace) -> int:
                          memory_budget_bytes=budget, fuse=not args.no_fuse, time_limit=args.time_limit)
     if args.out:
         write_atomic(args.out, plan.to_json() + "\n")
+    if args.trace:
+        write_trace_for(args.trace, plan, profile, cluster)
     if args.json:
         sys.stdout.write(plan.to_json() + "\n")
     else:
@@ -112,3 +116,12 @@ def reevaluate(plan: Plan, profile, cluster: Cluster, budget: int | None) -> Pla
     return plan_from_scenario(sc, profile=profile, memory_budget_bytes=budget or plan.memory_budget_bytes,
                               solver=plan.solver, precision=plan.precision, optimizer=plan.optimizer,
                               notes=plan.notes)
+
+
+def write_trace_for(path: str, plan: Plan, profile, cluster: Cluster) -> None:
+    from shardsched.sim.simulate import simulate
+    from shardsched.sim.trace import trace_events
+
+    sc = scenario_for(plan, profile, cluster)
+    res = simulate(sc)
+    write_atomic(path, json.dumps({"traceEvents": trace_events(sc, res.timeline, res.memory)}))
