@@ -31,7 +31,7 @@ from shardsched.train.data import TextData, check_divisible, get_batch, load_tex
 from shardsched.train.model import GPT, GPTConfig
 
 MEASURED_STEPS = 2
-"""Steps run under FSDPMemTracker on CPU (slow, so only the first few)."""
+"""Steps run under FSDPMemTracker on CPU (slow, so only a couple, on a throwaway copy)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +89,10 @@ class TrainResult:
     """Steps already done before this call (non-zero after resume)."""
     summary: dict = field(default_factory=dict)
     """What summary.json holds."""
+    model: torch.nn.Module | None = field(default=None, repr=False, compare=False)
+    """The trained (sharded) model, for callers that gather or evaluate it."""
+    optimizer: torch.optim.Optimizer | None = field(default=None, repr=False, compare=False)
+    """Its AdamW, whose state is sharded like the parameters."""
 
 
 def lr_at(step: int, *, steps: int, lr: float, warmup: int) -> float:
@@ -103,13 +107,9 @@ def lr_at(step: int, *, steps: int, lr: float, warmup: int) -> float:
 def model_config(spec: str, *, seq: int) -> GPTConfig:
     """The GPTConfig a spec names, with room for `seq` positions and a byte vocabulary."""
     from shardsched.profile.models import parse_model_spec
-    try:
-        cfg = parse_model_spec(spec)
-    except ValueError as e:
-        raise UsageError(f"--model {spec}: {e}") from None
-    cfg = getattr(cfg, "config", cfg)
-    if not isinstance(cfg, GPTConfig):
-        raise UsageError(f"--model {spec}: training needs a GPT config, got {type(cfg).__name__}")
+    cfg = parse_model_spec(spec).config  # UsageError on a bad spec
+    if cfg is None:
+        raise UsageError(f"--model {spec}: training needs a GPT model (a preset or gpt:key=value,...)")
     if cfg.vocab < 256:
         raise UsageError(f"--model {spec}: vocab {cfg.vocab} < 256 cannot hold byte-level text")
     return dataclasses.replace(cfg, seq=seq) if cfg.learned_pos else cfg
@@ -161,10 +161,17 @@ def make_local_plan(cfg: TrainConfig, model: GPT, *, world: int) -> Plan:
     micro = cfg.batch // world
     idx = torch.zeros(micro, cfg.seq, dtype=torch.long)
     profile = measure_profile(copy.deepcopy(model), (idx, idx.clone()), name=cfg.model)
-    device = DEVICES["cuda" if torch.cuda.is_available() and "cuda" in DEVICES else "cpu"]
-    cluster = Cluster(world=world, gpus_per_node=world, device=device)
+    cluster = Cluster(world=world, gpus_per_node=world, device=DEVICES[_device_preset()])
     return make_plan(profile, cluster, strategy=cfg.resolved_strategy(), precision=cfg.precision,
                      optimizer="adam", memory_budget_bytes=cfg.memory_budget_bytes)
+
+
+def _device_preset() -> str:
+    """The DEVICES preset closest to this machine's accelerator ("cpu" without one)."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name().lower()
+    return next((k for k in ("h100", "a100", "v100") if k in name), "a100")
 
 
 def obtain_plan(cfg: TrainConfig, model: GPT, *, mesh: DeviceMesh, rank: int) -> Plan:
@@ -192,8 +199,6 @@ class _Run:
     plan: Plan
     losses: list = field(default_factory=list)
     step_seconds: list = field(default_factory=list)
-    timed: list = field(default_factory=list)
-    """Whether each step's time counts (steps under the memory tracker do not)."""
 
 
 def _mean_over_workers(value: torch.Tensor, mesh: DeviceMesh) -> float:
@@ -269,7 +274,7 @@ def _record(run: _Run, step: int, loss: float, seconds: float, val_loss: float |
         f.write(json.dumps(row) + "\n")
 
 
-def _run_steps(run: _Run, steps: range, *, timed: bool, bar) -> None:
+def _run_steps(run: _Run, steps: range, *, bar) -> None:
     cfg = run.cfg
     for step in steps:
         t0 = time.perf_counter()
@@ -278,37 +283,54 @@ def _run_steps(run: _Run, steps: range, *, timed: bool, bar) -> None:
         val = evaluate(run) if cfg.eval_every and (step + 1) % cfg.eval_every == 0 else None
         run.losses.append(loss)
         run.step_seconds.append(seconds)
-        run.timed.append(timed)
         _record(run, step, loss, seconds, val)
         if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
             ckpt.save_checkpoint(cfg.run_dir, step=step + 1, model=run.model, optimizer=run.opt,
-                                 mesh=run.mesh, rank=run.rank, meta={"config": dataclasses.asdict(cfg)})
+                                 mesh=run.mesh, rank=run.rank,
+                                 meta={"data_position": step + 1, "world": run.mesh.size(),
+                                       "config": dataclasses.asdict(cfg)})
         bar.update(step + 1, loss, cfg.batch * cfg.seq / seconds)
 
 
-def _tracked_steps(run: _Run, steps: range, bar) -> int | None:
-    """Run `steps` while measuring this worker's peak memory; returns the peak in bytes.
+def _measure_cpu_peak(run: _Run) -> int | None:
+    """This worker's peak bytes over MEASURED_STEPS steps, by FSDPMemTracker.
 
-    CPU: FSDPMemTracker, which is slow, so only for these first steps; their
-    times are not counted. CUDA: the allocator's own peak, free to keep on.
+    The tracker runs on a throwaway copy (same init, same plan, same batches):
+    its hook restoration is wrong for units of several layers (it leaves
+    grouped FSDP states patched), so the model that trains never sees it.
     """
-    if run.device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(run.device)
-        _run_steps(run, steps, timed=True, bar=bar)
-        return None  # read at the end of the run, see _peak_bytes
+    from shardsched.runtime.parallelize import parallelize
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    tracker = FSDPMemTracker(run.model, run.opt)
-    tracker.track_inputs(get_batch(run.data.train, seed=run.cfg.seed, step=steps.start, batch=run.cfg.batch,
-                                   seq=run.cfg.seq, rank=run.rank, world=run.mesh.size()))
+    cfg, world = run.cfg, run.mesh.size()
+    model = parallelize(build_model(cfg), run.plan, mesh=run.mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    batches = [get_batch(run.data.train, seed=cfg.seed, step=s, batch=cfg.batch, seq=cfg.seq,
+                         rank=run.rank, world=world) for s in range(MEASURED_STEPS)]
+    tracker = FSDPMemTracker(model, opt)
+    tracker.track_inputs(batches[0])
     with tracker:
-        for step in steps:
-            _run_steps(run, range(step, step + 1), timed=False, bar=bar)
+        for x, y in batches:
+            model(x, y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
             tracker.reset_mod_stats()  # the tracker refuses a second iteration otherwise
     return int(tracker.get_tracker_snapshot("peak")[run.device]["Total"])
 
 
+def _measure_cpu_peak_or_warn(run: _Run) -> int | None:
+    """The measurement is a by-product: if the tracker cannot follow this plan,
+    say so and train anyway (the summary then reports no measured peak)."""
+    try:
+        return _measure_cpu_peak(run)
+    except Exception as e:  # noqa: BLE001 - any tracker failure, reported below
+        if run.rank == 0:
+            print(f"warning: peak memory not measured (FSDPMemTracker: {type(e).__name__}: {e})",
+                  file=sys.stderr, flush=True)
+        return None
+
+
 def _peak_bytes(run: _Run, cpu_peak: int | None) -> list[int | None]:
-    """Every worker's measured peak, in rank order."""
+    """Every worker's measured peak, in rank order (CUDA: the allocator's peak over the run)."""
     peak = torch.cuda.max_memory_allocated(run.device) if run.device.type == "cuda" else cpu_peak
     peaks: list = [None] * run.mesh.size()
     dist.all_gather_object(peaks, peak, group=run.mesh.get_group())
@@ -383,29 +405,29 @@ def train(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.device
     start = _resume(run) if cfg.resume else 0
     if rank == 0:
         _prepare_metrics(cfg, start)
+    measure = cfg.measure_memory and run.device.type == "cpu"
+    cpu_peak = _measure_cpu_peak_or_warn(run) if measure else None
+    if run.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(run.device)
     bar = _Bar(enabled=rank == 0 and not cfg.quiet and sys.stdout.isatty(), total=cfg.steps, start=start)
+    if cpu_peak is not None:
+        bar.peak = f"  peak {_fmt_bytes(cpu_peak)}/worker"
     try:
-        first = range(start, min(cfg.steps, start + MEASURED_STEPS))
-        cpu_peak = _tracked_steps(run, first, bar) if cfg.measure_memory else None
-        if not cfg.measure_memory:
-            _run_steps(run, first, timed=True, bar=bar)
-        peaks = _peak_bytes(run, cpu_peak) if cfg.measure_memory else [None] * mesh.size()
-        bar.peak = f"  peak {_fmt_bytes(max(p for p in peaks))}/worker" if None not in peaks else ""
-        _run_steps(run, range(first.stop, cfg.steps), timed=True, bar=bar)
-        peaks = _peak_bytes(run, cpu_peak) if cfg.measure_memory else peaks
+        _run_steps(run, range(start, cfg.steps), bar=bar)
     finally:
         bar.close()
+    peaks = _peak_bytes(run, cpu_peak) if cfg.measure_memory else [None] * mesh.size()
     summary = _summary(run, start, peaks)
     if rank == 0:
         (Path(cfg.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1))
         if not cfg.quiet:
             print_summary(summary)
-    return TrainResult(losses=tuple(run.losses), start_step=start, summary=summary)
+    return TrainResult(losses=tuple(run.losses), start_step=start, summary=summary,
+                       model=run.model, optimizer=run.opt)
 
 
 def _median_step_seconds(run: _Run) -> float | None:
-    timed = [s for s, t in zip(run.step_seconds, run.timed) if t] or run.step_seconds
-    return statistics.median(timed) if timed else None
+    return statistics.median(run.step_seconds) if run.step_seconds else None
 
 
 def _summary(run: _Run, start: int, peaks: list) -> dict:
@@ -445,9 +467,14 @@ def _fmt_seconds(s: float | None) -> str:
     return "n/a" if s is None else f"{s * 1e3:.1f} ms"
 
 
+def console_for_tables():
+    """A rich Console; wide when writing to a file or pipe, where rich would assume 80 columns."""
+    from rich.console import Console
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
 def print_summary(summary: dict) -> None:
     """The final table: losses, throughput, measured vs predicted, strategies."""
-    from rich.console import Console
     from rich.table import Table
     table = Table(title=f"shardsched train: {summary['model']}, {summary['world']} workers, "
                         f"{summary['steps']} steps")
@@ -465,7 +492,7 @@ def print_summary(summary: dict) -> None:
     units.add_column("strategy")
     for u in summary["units"]:
         units.add_row(u["name"], u["strategy"])
-    console = Console()
+    console = console_for_tables()
     console.print(table)
     console.print(units)
     for note in summary["notes"]:

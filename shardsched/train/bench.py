@@ -1,0 +1,111 @@
+"""`shardsched bench`: the same model, steps and workers under each uniform
+strategy (and --plan if given), in one invocation, with ratios vs full_shard.
+
+All variants run one after another inside the same worker processes, so
+they share start-up, cores and data; only the sharding differs.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from shardsched.train.main import config_from_args, validate, world_size
+from shardsched.train.trainer import TrainConfig
+
+STRATEGIES = ("replicate", "shard_grad_op", "full_shard")
+DEFAULT_BENCH_STEPS = 30
+
+
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    a = parser.add_argument
+    a("--nproc", type=int, default=2, help="local workers to spawn (ignored under torchrun/SLURM)")
+    a("--steps", type=int, default=DEFAULT_BENCH_STEPS, help=f"steps per variant (default {DEFAULT_BENCH_STEPS})")
+    a("--seed", type=int, default=0)
+    a("--model", default="tiny", help="model spec (default tiny)")
+    a("--data", default=None, help="text file (default: the Python standard library sources)")
+    a("--plan", default=None, help="also run this plan.json")
+    a("--batch", type=int, default=8, help="global batch in sequences (default 8)")
+    a("--seq", type=int, default=128, help="tokens per sequence (default 128)")
+    a("--run-dir", default=None, help="output directory (default runs/bench-<timestamp>)")
+    a("--json", action="store_true", help="print the results as JSON instead of a table")
+
+
+def bench_configs(args: argparse.Namespace, run_dir: str) -> list[tuple[str, TrainConfig]]:
+    """One (label, config) per variant; each variant writes its own sub-directory."""
+    ns = argparse.Namespace(**{**vars(args), "strategy": None, "plan": None, "memory_budget": None,
+                               "checkpoint_every": 0, "resume": None, "lr": None, "eval_every": 0,
+                               "quiet": True, "run_dir": run_dir})
+    base = config_from_args(ns)
+    variants = [(s, dataclasses.replace(base, strategy=s, run_dir=f"{run_dir}/{s}")) for s in STRATEGIES]
+    if args.plan:
+        variants.append(("plan", dataclasses.replace(base, plan=args.plan, run_dir=f"{run_dir}/plan")))
+    return variants
+
+
+def _bench_worker(ctx, variants: list[tuple[str, TrainConfig]], out: str) -> None:
+    from shardsched.train.trainer import train
+    results = {}
+    for label, cfg in variants:
+        results[label] = train(cfg, mesh=ctx.mesh, rank=ctx.rank, device=ctx.device).summary
+    if ctx.rank == 0:
+        Path(out).write_text(json.dumps(results, indent=1))
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from shardsched.train.launcher import WorkerFailed, launch
+    world = world_size(args.nproc)
+    run_dir = args.run_dir or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}"
+    variants = [(label, validate(cfg, world=world)) for label, cfg in bench_configs(args, run_dir)]
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    out = str(Path(run_dir) / "bench.json")
+    try:
+        launch(_bench_worker, nproc=world, args=(variants, out))
+    except WorkerFailed as e:
+        print(f"shardsched bench: {e}", file=sys.stderr)
+        return 1
+    results = json.loads(Path(out).read_text())
+    if args.json:
+        print(json.dumps(bench_rows(results), indent=1))
+    else:
+        print_bench(results, world=world, steps=args.steps, model=args.model)
+    return 0
+
+
+def bench_rows(results: dict) -> list[dict]:
+    """Per variant: median step time, tokens/s, measured peak, and ratios vs full_shard."""
+    ref = results.get("full_shard", {})
+    rows = []
+    for label, s in results.items():
+        step, peak = s["measured_step_seconds"], s["measured_peak_bytes"]
+        rows.append({"variant": label, "step_seconds": step, "tokens_per_s": s["tokens_per_s"],
+                     "peak_bytes": peak, "predicted_step_seconds": s["predicted_step_seconds"],
+                     "predicted_peak_bytes": s["predicted_peak_bytes"],
+                     "step_ratio": _ratio(step, ref.get("measured_step_seconds")),
+                     "peak_ratio": _ratio(peak, ref.get("measured_peak_bytes")),
+                     "last_loss": s["last_loss"]})
+    return rows
+
+
+def _ratio(a, b) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def print_bench(results: dict, *, world: int, steps: int, model: str) -> None:
+    from rich.table import Table
+
+    from shardsched.train.trainer import _fmt_bytes, console_for_tables
+    table = Table(title=f"shardsched bench: {model}, {world} workers, {steps} steps per variant")
+    for col in ("variant", "step (median)", "tokens/s", "peak/worker", "step vs full_shard",
+                "peak vs full_shard", "predicted step", "predicted peak"):
+        table.add_column(col, justify="left" if col == "variant" else "right")
+    fmt = lambda r: "n/a" if r is None else f"{r:.2f}x"  # noqa: E731
+    for r in bench_rows(results):
+        table.add_row(r["variant"], f"{r['step_seconds'] * 1e3:.1f} ms", f"{r['tokens_per_s']:,.0f}",
+                      _fmt_bytes(r["peak_bytes"]), fmt(r["step_ratio"]), fmt(r["peak_ratio"]),
+                      f"{r['predicted_step_seconds'] * 1e3:.1f} ms", _fmt_bytes(r["predicted_peak_bytes"]))
+    console_for_tables().print(table)
+

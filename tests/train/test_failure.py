@@ -1,0 +1,28 @@
+"""A worker that dies stops the whole run quickly, with a message naming it."""
+import time
+
+import pytest
+
+from shardsched.cli import main
+
+from ._helpers import TINY
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("raise", "worker 1 failed: RuntimeError: test failure injected at step 2"),
+    ("kill", "worker 1 was killed by SIGKILL"),
+])
+def test_worker_death_stops_the_run(mode, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SHARDSCHED_TEST_FAIL_RANK", "1")
+    monkeypatch.setenv("SHARDSCHED_TEST_FAIL_STEP", "2")
+    monkeypatch.setenv("SHARDSCHED_TEST_FAIL_MODE", mode)
+    t0 = time.monotonic()
+    rc = main(["train", "--nproc", "2", "--steps", "50", "--model", TINY, "--seq", "16",
+               "--run-dir", str(tmp_path), "--quiet"])
+    elapsed = time.monotonic() - t0
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert message in err and "Traceback" not in err
+    assert elapsed < 60  # far below the 180 s collective timeout: the parent stopped the others
+    steps = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(steps) == 1  # step 1 finished, step 2 never did
