@@ -119,11 +119,30 @@ def auto_plan(profile: Profile, cluster: Cluster, *, spec: StrategySpec, precisi
     best = min(pool + highs, key=lambda s: (s.seconds, s.name != "highs", s.peak))
     r = info.get(id(best))
     solver = SolverInfo(name="highs" if r else "greedy", status=r.status if r else "feasible",
-                        gap=r.gap if r else math.nan, seconds=time.perf_counter() - t0)
+                        gap=r.gap if r else None, seconds=time.perf_counter() - t0)
     notes = explain(best, baselines=base, budget=budget, candidates=len(problems)) + notes
     sc = best.problem.scenario(best.choice)
     return plan_from_scenario(sc, profile=profile, memory_budget_bytes=memory_budget_bytes, solver=solver,
                               precision=precision, optimizer=optimizer, notes=tuple(notes))
+
+
+def least_memory_peak(profile: Profile, cluster: Cluster, *, precision: Precision, optimizer: Optimizer) -> int:
+    """Predicted peak of the least-memory plan: full_shard everywhere, no prefetch, smallest units."""
+    finest = finest_problem(profile, cluster, pins={}, precision=precision, optimizer=optimizer)
+    return max(m.total for m in step_memory(finest.scenario(least_memory(finest))))
+
+
+def default_budget(profile: Profile, cluster: Cluster, *, precision: Precision, optimizer: Optimizer) -> int:
+    """Midway between the least-memory plan and all-shard_grad_op (FSDP2's default
+    schedule): neither replicate nor shard_grad_op fits everywhere, so some units
+    must be fully sharded while others need not be, and the plan shows the
+    trade-off (the budget of `shardsched train`'s embedded default)."""
+    from shardsched.plan.build import make_plan
+
+    least = least_memory_peak(profile, cluster, precision=precision, optimizer=optimizer)
+    sgo = make_plan(profile, cluster, strategy="shard_grad_op", precision=precision,
+                    optimizer=optimizer).predicted.peak_bytes
+    return least + max(0, sgo - least) // 2
 
 
 def infeasible_message(profile: Profile, cluster: Cluster, *, budget: int, problems: list[Problem],
@@ -162,20 +181,32 @@ def _runs(strategies) -> list[tuple[int, int]]:
     return runs
 
 
-def _why(s: Scored, a: int, b: int) -> str:
+def _peak_if(s: Scored, a: int, b: int, strategy: Strategy) -> int:
+    """Simulated peak had units a..b kept `strategy` (no backward gather) instead."""
+    ch = s.choice
+    strategies = tuple(strategy if a <= i <= b else x for i, x in enumerate(ch.strategies))
+    bwd = tuple(None if a <= i <= b else x for i, x in enumerate(ch.bwd))
+    return max(m.total for m in step_memory(s.problem.scenario(ch._replace(strategies=strategies, bwd=bwd))))
+
+
+def _why(s: Scored, a: int, b: int, budget: int) -> str:
     p, strat = s.problem, s.choice.strategies[a]
     sb = p.scenario(s.choice).state
     params = sum(c.params for c in p.costs[a:b + 1])
-    mb = params * sb.unsharded_param / 1e6
+    gathered = fmt_bytes(params * sb.unsharded_param)
     k = b - a + 1
     if strat is Strategy.REPLICATE:
-        return f"replicate (fits; saves {2 * k} AllGathers of {mb:.0f} MB in all)"
+        return f"replicate (fits; no AllGathers of its {gathered} and no sharded optimizer step)"
     if strat is Strategy.SHARD_GRAD_OP:
-        return f"shard_grad_op (fits; saves {k} backward AllGathers of {mb:.0f} MB in all)"
-    saved = params * sb.at_rest * (1 - 1 / p.cluster.world) / GiB
-    big = max(range(p.n), key=lambda i: p.costs[i].params)
-    largest = "largest unit; " if a <= big <= b else ""
-    return f"full_shard ({largest}sharding it saves {saved:.2f} GiB of model states)"
+        return f"shard_grad_op (fits; saves {k} backward AllGather(s) of {gathered} in all)"
+    if Strategy.SHARD_GRAD_OP not in p.allowed[a]:
+        return "full_shard (pinned)"
+    # The counterfactual is the reason: keeping the gathered copy through backward would not fit.
+    other = _peak_if(s, a, b, Strategy.SHARD_GRAD_OP)
+    verdict = "would not fit" if other > budget else "would fit but run slower"
+    return (f"full_shard (frees its {gathered} gathered copy between forward and backward; with "
+            f"shard_grad_op here the peak would be {fmt_bytes(other)}, which {verdict} the budget "
+            f"{fmt_bytes(budget)})")
 
 
 def explain(best: Scored, *, baselines: list[Scored], budget: int, candidates: int) -> list[str]:
@@ -184,7 +215,7 @@ def explain(best: Scored, *, baselines: list[Scored], budget: int, candidates: i
     notes = []
     for a, b in _runs(ch.strategies):
         label = p.costs[a].name if a == b else f"{p.costs[a].layers[0]}..{p.costs[b].layers[-1]}"
-        notes.append(f"{label}: {_why(best, a, b)}")
+        notes.append(f"{label}: {_why(best, a, b, budget)}")
     early = sum(1 for i in range(p.n) if ch.fwd[i] < i - 1)
     early += sum(1 for i in range(p.n) if ch.bwd[i] is not None and ch.bwd[i] < 2 * p.n - 2 - i)
     notes.append(f"{p.n} units from {len(p.profile.layers)} layers ({candidates} groupings considered); "

@@ -72,7 +72,7 @@ def summary_lines(plan: Plan) -> list[str]:
         f"predicted step: {fmt_seconds(p.step_seconds)} = compute {fmt_seconds(p.compute_seconds)} "
         f"+ exposed communication {fmt_seconds(p.exposed_comm_seconds)}; "
         f"lower bound max(compute, communication {fmt_seconds(p.comm_seconds)}) = {fmt_seconds(p.lower_bound_seconds)}",
-        f"solver: {s.name}, status {s.status}, gap {s.gap:.2%}, {s.seconds:.3f} s",
+        f"solver: {s.name}, status {s.status}, gap {'n/a' if s.gap is None else f'{s.gap:.2%}'}, {s.seconds:.3f} s",
     ]
     return lines + [f"note: {n}" for n in plan.notes]
 

@@ -93,7 +93,8 @@ class SolverInfo:
     name: str = "uniform"
     """"highs", "greedy", "uniform", "brute" or "manual"."""
     status: str = "n/a"
-    gap: float = 0.0
+    gap: float | None = 0.0
+    """Relative MIP gap; None when no bound is known (greedy)."""
     seconds: float = 0.0
 
 

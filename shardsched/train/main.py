@@ -9,33 +9,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import sys
 import time
 from pathlib import Path
 
+from shardsched.cost.bytes import parse_bytes
 from shardsched.errors import UsageError
 from shardsched.train.trainer import TrainConfig
 
 DEFAULT_STEPS = 500
 """About a minute for the tiny model with 2 workers on 2 CPU cores (measured ~0.09 s/step: 500 steps ~ 45 s plus ~10 s start-up and profiling)."""
-
-_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-BYTES_FORMS = "accepted: a byte count (e.g. 1073741824) or a number with B, KiB, MiB, GiB, KB, MB or GB (e.g. 2GiB, 512MiB)"
-
-
-def parse_bytes(text: str) -> int:
-    """'2GiB', '512MiB', '1.5GB', '4096' -> bytes; UsageError listing the forms otherwise."""
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", str(text))
-    unit = m.group(2).lower() if m else None
-    if m is None or unit not in _UNITS:
-        raise UsageError(f"bad size {text!r}; {BYTES_FORMS}")
-    value = int(float(m.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise UsageError(f"size {text!r} must be positive; {BYTES_FORMS}")
-    return value
-
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `shardsched train`. Defaults are None where --resume takes the saved value."""
@@ -47,7 +30,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     a("--data", default=None, help="text file to train on (default: the Python standard library sources)")
     a("--strategy", default=None,
       help='full_shard | shard_grad_op | replicate | auto, with overrides like "full_shard,blocks.0-1=replicate" '
-           "(default full_shard; auto with --memory-budget)")
+           "(default auto, under --memory-budget or a default budget midway between least memory and shard_grad_op)")
     a("--plan", default=None, help="plan.json to apply (from `shardsched plan --json`)")
     a("--memory-budget", default=None, help="per-worker memory budget, e.g. 2GiB, 512MiB")
     a("--run-dir", default=None, help="output directory (default runs/<timestamp>; with --resume: that run)")
@@ -107,9 +90,7 @@ def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
         raise UsageError(f"--lr must be positive, got {cfg.lr}")
     check_divisible(batch=cfg.batch, world=world)
     if cfg.plan is None:
-        parse_strategy_spec(cfg.resolved_strategy())
-    if cfg.resolved_strategy().split(",")[0].strip() == "auto" and cfg.plan is None and not cfg.memory_budget_bytes:
-        raise UsageError("--strategy auto needs --memory-budget (e.g. --memory-budget 2GiB)")
+        parse_strategy_spec(cfg.strategy or "auto")
     load_text(cfg.data, batch=cfg.batch, seq=cfg.seq)
     model = build_model(cfg)
     if cfg.plan:

@@ -45,7 +45,8 @@ class TrainConfig:
     data: str | None = None
     """Text file of training bytes; None: the Python standard library's sources."""
     strategy: str | None = None
-    """Strategy spec for make_plan; None: "auto" with a memory budget, else "full_shard"."""
+    """Strategy spec for make_plan; None: "auto", under --memory-budget or, without
+    one, under `plan.auto.default_budget`."""
     plan: str | None = None
     """Path of a plan.json to apply instead of making one."""
     memory_budget_bytes: int | None = None
@@ -76,9 +77,6 @@ class TrainConfig:
     """No progress bar and no final table."""
     measure_memory: bool = True
     """Measure peak memory (FSDPMemTracker on CPU for the first steps)."""
-
-    def resolved_strategy(self) -> str:
-        return self.strategy or ("auto" if self.memory_budget_bytes else "full_shard")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,17 +151,34 @@ def load_plan(path: str, *, model: torch.nn.Module, world: int) -> Plan:
     return plan
 
 
-def make_local_plan(cfg: TrainConfig, model: GPT, *, world: int) -> Plan:
-    """Profile this model on this machine (one worker's micro-batch) and plan it."""
+def make_local_plan(cfg: TrainConfig, model: GPT, *, world: int, link=None) -> Plan:
+    """Profile this model on this machine (one worker's micro-batch) and plan it.
+
+    With neither --strategy nor --memory-budget (the embedded default) the plan
+    is automatic under `plan.auto.default_budget`, so the run shows a mixed plan."""
     from shardsched.cost.device import DEVICES, Cluster
+    from shardsched.plan.auto import default_budget
     from shardsched.plan.build import make_plan
+    from shardsched.plan.types import Optimizer, Precision
     from shardsched.profile.measure import measure_profile
+    from shardsched.profile.resolve import compute_dtype
     micro = cfg.batch // world
     idx = torch.zeros(micro, cfg.seq, dtype=torch.long)
-    profile = measure_profile(copy.deepcopy(model), (idx, idx.clone()), name=cfg.model)
-    cluster = Cluster(world=world, gpus_per_node=world, device=DEVICES[_device_preset()])
-    return make_plan(profile, cluster, strategy=cfg.resolved_strategy(), precision=cfg.precision,
-                     optimizer="adam", memory_budget_bytes=cfg.memory_budget_bytes)
+    precision = Precision(cfg.precision)
+    profile = measure_profile(copy.deepcopy(model), (idx, idx.clone()), name=cfg.model,
+                              compute_dtype=compute_dtype(precision))
+    device = DEVICES[_device_preset()]
+    if link is not None:  # this group's measured AllGather latency and bandwidth
+        device = dataclasses.replace(device, intra=link, inter=link)
+    cluster = Cluster(world=world, gpus_per_node=world, device=device)
+    budget, notes = cfg.memory_budget_bytes, ()
+    if cfg.strategy in (None, "auto") and budget is None:
+        budget = default_budget(profile, cluster, precision=precision, optimizer=Optimizer.ADAM)
+        notes = (f"default memory budget {budget} bytes: midway between the least-memory plan and "
+                 f"shard_grad_op everywhere (give --memory-budget or --strategy to choose)",)
+    plan = make_plan(profile, cluster, strategy=cfg.strategy or "auto",
+                     precision=precision, optimizer="adam", memory_budget_bytes=budget)
+    return dataclasses.replace(plan, notes=plan.notes + notes)
 
 
 def _device_preset() -> str:
@@ -175,10 +190,15 @@ def _device_preset() -> str:
 
 
 def obtain_plan(cfg: TrainConfig, model: GPT, *, mesh: DeviceMesh, rank: int) -> Plan:
-    """Rank 0 loads or makes the plan; every worker gets the same one."""
+    """Rank 0 loads or makes the plan; every worker gets the same one. A plan
+    made here prices communication with this group's measured link
+    (`profile.collectives.measure_link`, a collective: every rank takes part)."""
+    from shardsched.profile.collectives import measure_link
+    link = None if cfg.plan else measure_link(group=mesh.get_group(), device=torch.device(mesh.device_type))
+
     def make() -> str:
         plan = (load_plan(cfg.plan, model=model, world=mesh.size()) if cfg.plan
-                else make_local_plan(cfg, model, world=mesh.size()))
+                else make_local_plan(cfg, model, world=mesh.size(), link=link))
         return plan.to_json()
     return Plan.from_json(_share_from_rank0(make, mesh=mesh, rank=rank))
 

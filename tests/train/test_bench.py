@@ -4,7 +4,7 @@ import json
 import pytest
 
 from shardsched.cli import main
-from shardsched.train.main import parse_bytes
+from shardsched.cost.bytes import parse_bytes
 
 from ._helpers import TINY, mixed_plan, tiny_config
 
