@@ -17,6 +17,12 @@ import torch.distributed as dist
 from shardsched.cost.device import Link
 
 
+def _all_gather(out: torch.Tensor, shard: torch.Tensor, *, group) -> None:
+    # torch 2.13 renames all_gather_into_tensor to all_gather_single; keep both working.
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(out, shard, group=group)
+
+
 def _time_all_gather(nbytes: int, *, group, device: torch.device, repeats: int) -> float:
     world = dist.get_world_size(group)
     shard = torch.zeros(max(1, nbytes // 4 // world), dtype=torch.float32, device=device)
@@ -27,7 +33,7 @@ def _time_all_gather(nbytes: int, *, group, device: torch.device, repeats: int) 
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
-        dist.all_gather_into_tensor(out, shard, group=group)
+        _all_gather(out, shard, group=group)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         if i:  # the first call sets up buffers and connections

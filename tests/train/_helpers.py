@@ -97,3 +97,10 @@ def parity_worker(ctx, cfg: TrainConfig, out: str) -> None:
 
 def train_worker(ctx, cfg: TrainConfig) -> None:
     train(cfg, mesh=ctx.mesh, rank=ctx.rank)
+
+
+def auto_worker(ctx, cfg: TrainConfig, out: str) -> None:
+    """Train under the plan the trainer makes itself (auto, cfg's budget)."""
+    res = train(cfg, mesh=ctx.mesh, rank=ctx.rank)
+    if ctx.rank == 0:
+        torch.save((list(res.losses), res.summary), out)
