@@ -133,15 +133,15 @@ def least_memory_peak(profile: Profile, cluster: Cluster, *, precision: Precisio
 
 
 def default_budget(profile: Profile, cluster: Cluster, *, precision: Precision, optimizer: Optimizer) -> int:
-    """Midway between the least-memory plan and all-shard_grad_op (FSDP2's default
-    schedule): neither replicate nor shard_grad_op fits everywhere, so some units
-    must be fully sharded while others need not be, and the plan shows the
-    trade-off (the budget of `shardsched train`'s embedded default)."""
+    """Midway between the least-memory plan and the least memory shard_grad_op
+    everywhere can take (no prefetch): neither replicate nor shard_grad_op fits
+    everywhere, so some units must be fully sharded while others need not be,
+    and the plan shows the trade-off (the budget of `shardsched train`'s default)."""
     from shardsched.plan.build import make_plan
 
     least = least_memory_peak(profile, cluster, precision=precision, optimizer=optimizer)
-    sgo = make_plan(profile, cluster, strategy="shard_grad_op", precision=precision,
-                    optimizer=optimizer).predicted.peak_bytes
+    sgo = min(make_plan(profile, cluster, strategy="shard_grad_op", precision=precision, optimizer=optimizer,
+                        prefetch_ahead=0, fuse=fuse).predicted.peak_bytes for fuse in (True, False))
     return least + max(0, sgo - least) // 2
 
 

@@ -26,7 +26,10 @@ def run(tmp_path_factory):
 def test_run_directory_contract(run):
     run_dir, proc = run
     plan = Plan.from_json((run_dir / "plan.json").read_text())
-    assert plan.world == 2 and {u.strategy.value for u in plan.units} == {"full_shard"}
+    # No --strategy, no --memory-budget: planned automatically under the default budget.
+    assert plan.world == 2 and plan.solver.name in ("highs", "greedy")
+    assert plan.memory_budget_bytes is not None and plan.predicted.peak_bytes <= plan.memory_budget_bytes
+    assert any("default memory budget" in n for n in plan.notes)
     rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for r in rows:
@@ -41,7 +44,7 @@ def test_run_directory_contract(run):
     assert s["predicted_peak_bytes"] == plan.predicted.peak_bytes > 0
     # The measured peak is the same order as the prediction (the cost model is checked elsewhere).
     assert 0.25 < s["measured_peak_bytes"] / s["predicted_peak_bytes"] < 4
-    assert "peak memory per worker" in proc.stdout and "full_shard" in proc.stdout
+    assert "peak memory per worker" in proc.stdout and "default memory budget" in proc.stdout
 
 
 def _bad(argv, capsys):
@@ -58,7 +61,6 @@ def _bad(argv, capsys):
     (["--batch", "3"], "multiple of the number of workers (2)"),
     (["--steps", "0"], "--steps must be at least 1"),
     (["--model", "nonsense"], "unknown model"),
-    (["--strategy", "auto"], "needs --memory-budget"),
 ])
 def test_bad_input_is_one_line(argv, fragment, capsys):
     rc, err = _bad([*SMALL, *argv] if "--batch" not in argv else argv, capsys)
