@@ -32,8 +32,9 @@ def main() -> None:
         plan = make_plan(prof, cl, strategy="auto", precision="bf16-mixed", memory_budget_bytes=budget * GiB)
         dt = time.perf_counter() - t0
         s = plan.solver
+        gap = "n/a" if s.gap is None else f"{s.gap:.2e}"
         print(f"{preset:>10} {world:>6} {budget:>6}G {len(plan.units):>6} {dt:7.2f} {limit:6.1f} {s.name:>8} "
-              f"{s.status:>20} {(s.gap if s.gap is not None else float("nan")):9.2e} {plan.predicted.step_seconds:8.4f} "
+              f"{s.status:>20} {gap:>9} {plan.predicted.step_seconds:8.4f} "
               f"{plan.predicted.peak_bytes / GiB:9.2f}{'' if dt < limit else '  SLOW'}")
 
 

@@ -99,3 +99,14 @@ def test_trace_shows_every_step_and_collective(tmp_path):
     assert len(comm) == 2 * n + n  # full_shard: two AllGathers and one ReduceScatter per unit
     end = max(e["ts"] + e["dur"] for e in compute + comm) / 1e6
     assert end == pytest.approx(plan["predicted"]["step_seconds"], rel=1e-9)
+
+
+def test_a_plan_over_budget_and_an_oversized_layer_are_reported():
+    r = shardsched("plan", "--model", "gpt2-xl", "--world", "8", "--strategy", "full_shard",
+                   "--memory-budget", "200MiB", "--json")
+    assert r.returncode == 0
+    assert "warning: predicted peak" in r.stderr and "exceeds --memory-budget 209715200" in r.stderr
+    notes = json.loads(r.stdout)["notes"]
+    # gpt2-xl's head: 1600 x 50257 parameters, bf16 gathered (2) + bf16 grads (2) + fp32 reduction (4)
+    head = 1600 * 50257 + 1600 * 2
+    assert any(n.startswith("head alone needs") and f"{head * 8} bytes" in n for n in notes)

@@ -16,12 +16,12 @@ from __future__ import annotations
 import math
 import time
 
+from shardsched._fmt import fmt_bytes
 from shardsched.cost.device import Cluster
 from shardsched.errors import UsageError
 from shardsched.plan import milp
 from shardsched.plan.baselines import Scored, score, uniform_baselines
 from shardsched.plan.candidates import Problem, candidate_problems, finest_problem
-from shardsched.plan.report import fmt_bytes
 from shardsched.plan.greedy import greedy, least_memory
 from shardsched.plan.spec import StrategySpec
 from shardsched.plan.types import Optimizer, Plan, Precision, SolverInfo, Strategy

@@ -53,6 +53,7 @@ def plan_from_scenario(sc: Scenario, *, profile: Profile, memory_budget_bytes: i
                        notes: tuple[str, ...] = ()) -> Plan:
     pred = simulate(sc).predicted
     notes = notes + tuple(budget_notes(pred.peak_bytes, memory_budget_bytes))
+    notes = notes + tuple(oversized_layer_notes(sc, memory_budget_bytes))
     return Plan(fingerprint=profile.fingerprint, model=profile.model, world=sc.cluster.world,
                 gpus_per_node=sc.cluster.gpus_per_node, memory_budget_bytes=memory_budget_bytes,
                 precision=precision, optimizer=optimizer, device=sc.cluster.device.name,
@@ -64,6 +65,21 @@ def budget_notes(peak: int, budget: int | None) -> list[str]:
     if budget is None or peak <= budget:
         return []
     return [f"predicted peak {peak / 2**30:.2f} GiB exceeds the budget {budget / 2**30:.2f} GiB"]
+
+
+def oversized_layer_notes(sc: Scenario, budget: int | None) -> list[str]:
+    """Units that cannot fit however they are scheduled: while one computes its
+    backward, its gathered parameters, its unsharded gradients and its reduction
+    buffer are all live, whatever the strategy."""
+    if budget is None:
+        return []
+    sb, out = sc.state, []
+    for u in sc.units:
+        alone = u.params * (sb.unsharded_param + sb.unsharded_grad + sb.reduce)
+        if alone > budget:
+            out.append(f"{u.name} alone needs {alone} bytes while it computes its backward (gathered parameters, "
+                       f"gradients, reduction buffer) > budget {budget}: partition it (--strategy auto) or add memory")
+    return out
 
 
 def check_budget(plan: Plan) -> None:

@@ -90,6 +90,10 @@ def run_plan(args: argparse.Namespace) -> int:
         strategy = args.strategy or ("auto" if budget else "full_shard")
         plan = make_plan(profile, cluster, strategy=strategy, precision=precision, optimizer=args.optimizer,
                          memory_budget_bytes=budget, fuse=not args.no_fuse, time_limit=args.time_limit)
+    if budget is not None and plan.predicted.peak_bytes > budget:
+        # Reported, never silently accepted: the plan is still shown (and saved) for inspection.
+        sys.stderr.write(f"shardsched plan: warning: predicted peak {plan.predicted.peak_bytes} bytes exceeds "
+                         f"--memory-budget {budget} bytes; try --strategy auto\n")
     if args.out:
         write_atomic(args.out, plan.to_json() + "\n")
     if args.trace:

@@ -108,7 +108,7 @@ def _with(ch: Choice, i: int, strategy) -> Choice:
 
 def _moves(ev: Evaluator, ch: Choice) -> list[tuple[float, int, object, object]]:
     """(seconds saved per byte, unit, from, to), best first (DeepCompile's ranking)."""
-    c, w = ev.c, ev.p.cluster.world
+    c = ev.c
     out = []
     for i, allowed in enumerate(ev.p.allowed):
         comm = {FS: 2 * c.ag[i] + c.red[i][FS], SGO: c.ag[i] + c.red[i][SGO], REP: c.red[i][REP]}

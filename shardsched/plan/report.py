@@ -1,39 +1,17 @@
 """Human-readable views of a Plan: the per-unit table and the summary."""
 from __future__ import annotations
 
-import sys
-
 from rich.console import Console
 from rich.table import Table
 
+from shardsched._fmt import console as default_console
+from shardsched._fmt import fmt_bytes, fmt_count, fmt_seconds
 from shardsched.cost.comm import Collective
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
 from shardsched.plan.types import Plan, Strategy
 from shardsched.profile.types import Profile
 from shardsched.sim.timeline import collective_time, reduce_kind
-
-
-def fmt_bytes(n: float) -> str:
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
-
-
-def fmt_seconds(s: float) -> str:
-    if s >= 1:
-        return f"{s:.3f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.2f} ms"
-    return f"{s * 1e6:.1f} us"
-
-
-def fmt_count(n: int) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f}{unit}"
-    return str(n)
 
 
 def unit_table(plan: Plan, profile: Profile, cluster: Cluster) -> Table:
@@ -78,8 +56,7 @@ def summary_lines(plan: Plan) -> list[str]:
 
 
 def print_plan(plan: Plan, profile: Profile, cluster: Cluster, *, console: Console | None = None) -> None:
-    # Wide enough for the table when printing to a pipe or file (rich assumes 80).
-    console = console or Console(width=None if sys.stdout.isatty() else 200)
+    console = console or default_console()
     console.print(unit_table(plan, profile, cluster))
     for line in summary_lines(plan):
         console.print(line, highlight=False, markup=False)

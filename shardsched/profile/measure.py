@@ -255,7 +255,8 @@ def _measure_activations(model: nn.Module, inputs: tuple, hooks: _Hooks) -> tupl
     hooks.reset()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         loss = _loss(model(*inputs))
-    del loss, kept
+    del loss
+    kept.clear()
     return acts, largest
 
 

@@ -12,10 +12,13 @@ import importlib.util
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from shardsched.errors import UsageError
 from shardsched.train.gpt_config import GPTConfig
+
+if TYPE_CHECKING:
+    from shardsched.train.model import GPT
 
 PRESETS: dict[str, GPTConfig] = {
     # The default training model: byte-level, fast on 2 CPU cores.

@@ -97,7 +97,7 @@ def _ratio(a, b) -> float | None:
 def print_bench(results: dict, *, world: int, steps: int, model: str) -> None:
     from rich.table import Table
 
-    from shardsched.train.trainer import _fmt_bytes, console_for_tables
+    from shardsched._fmt import console, fmt_bytes
     table = Table(title=f"shardsched bench: {model}, {world} workers, {steps} steps per variant")
     for col in ("variant", "step (median)", "tokens/s", "peak/worker", "step vs full_shard",
                 "peak vs full_shard", "predicted step", "predicted peak"):
@@ -105,7 +105,7 @@ def print_bench(results: dict, *, world: int, steps: int, model: str) -> None:
     fmt = lambda r: "n/a" if r is None else f"{r:.2f}x"  # noqa: E731
     for r in bench_rows(results):
         table.add_row(r["variant"], f"{r['step_seconds'] * 1e3:.1f} ms", f"{r['tokens_per_s']:,.0f}",
-                      _fmt_bytes(r["peak_bytes"]), fmt(r["step_ratio"]), fmt(r["peak_ratio"]),
-                      f"{r['predicted_step_seconds'] * 1e3:.1f} ms", _fmt_bytes(r["predicted_peak_bytes"]))
-    console_for_tables().print(table)
+                      fmt_bytes(r["peak_bytes"]), fmt(r["step_ratio"]), fmt(r["peak_ratio"]),
+                      f"{r['predicted_step_seconds'] * 1e3:.1f} ms", fmt_bytes(r["predicted_peak_bytes"]))
+    console().print(table)
 

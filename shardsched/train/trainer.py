@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from shardsched._fmt import console as default_console
+from shardsched._fmt import fmt_bytes, fmt_seconds
 from shardsched.errors import UsageError
 from shardsched.plan.types import Plan
 from shardsched.profile.fingerprint import fingerprint
@@ -431,7 +433,7 @@ def train(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.device
         torch.cuda.reset_peak_memory_stats(run.device)
     bar = _Bar(enabled=rank == 0 and not cfg.quiet and sys.stdout.isatty(), total=cfg.steps, start=start)
     if cpu_peak is not None:
-        bar.peak = f"  peak {_fmt_bytes(cpu_peak)}/worker"
+        bar.peak = f"  peak {fmt_bytes(cpu_peak)}/worker"
     try:
         _run_steps(run, range(start, cfg.steps), bar=bar)
     finally:
@@ -473,26 +475,6 @@ def _summary(run: _Run, start: int, peaks: list) -> dict:
     }
 
 
-def _fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def _fmt_seconds(s: float | None) -> str:
-    return "n/a" if s is None else f"{s * 1e3:.1f} ms"
-
-
-def console_for_tables():
-    """A rich Console; wide when writing to a file or pipe, where rich would assume 80 columns."""
-    from rich.console import Console
-    return Console() if sys.stdout.isatty() else Console(width=160)
-
-
 def print_summary(summary: dict) -> None:
     """The final table: losses, throughput, measured vs predicted, strategies."""
     from rich.table import Table
@@ -503,16 +485,16 @@ def print_summary(summary: dict) -> None:
     table.add_row("loss (first -> last)", f"{summary['first_loss']:.4f} -> {summary['last_loss']:.4f}", "")
     tps = summary["tokens_per_s"]
     table.add_row("tokens/s", "n/a" if tps is None else f"{tps:,.0f}", "")
-    table.add_row("peak memory per worker", _fmt_bytes(summary["measured_peak_bytes"]),
-                  _fmt_bytes(summary["predicted_peak_bytes"]))
-    table.add_row("step time (median)", _fmt_seconds(summary["measured_step_seconds"]),
-                  _fmt_seconds(summary["predicted_step_seconds"]))
+    table.add_row("peak memory per worker", fmt_bytes(summary["measured_peak_bytes"]),
+                  fmt_bytes(summary["predicted_peak_bytes"]))
+    table.add_row("step time (median)", fmt_seconds(summary["measured_step_seconds"]),
+                  fmt_seconds(summary["predicted_step_seconds"]))
     units = Table(title="units")
     units.add_column("unit")
     units.add_column("strategy")
     for u in summary["units"]:
         units.add_row(u["name"], u["strategy"])
-    console = console_for_tables()
+    console = default_console()
     console.print(table)
     console.print(units)
     for note in summary["notes"]:
