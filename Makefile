@@ -19,7 +19,7 @@ train: $(VENV)/.installed
 	$(VENV)/bin/shardsched train
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest tests
 
 bench: $(VENV)/.installed
 	for b in bench/bench_*.py; do $(PY) $$b || exit 1; done
