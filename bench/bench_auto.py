@@ -26,6 +26,8 @@ GiB = 1 << 30
 CONFIGS = {  # name: (preset, world, gpus per node, device, micro batch, seq)
     "gpt2-xl/w8/a100": ("gpt2-xl", 8, 8, "a100", 4, 1024),
     "llama-7b/w64/a100": ("llama-7b", 64, 8, "a100", 1, 4096),
+    # communication-bound: 4 nodes of 8 V100s on 100 Gb/s, short sequences
+    "gpt2/w32/v100": ("gpt2", 32, 8, "v100", 2, 256),
 }
 
 
