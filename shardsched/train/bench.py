@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from shardsched.train.main import config_from_args, validate, world_size
-from shardsched.train.trainer import TrainConfig
+from shardsched.train.config import TrainConfig
 
 STRATEGIES = ("replicate", "shard_grad_op", "full_shard")
 DEFAULT_BENCH_STEPS = 30

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from shardsched.cost.bytes import parse_bytes
 from shardsched.errors import UsageError
-from shardsched.train.trainer import TrainConfig
+from shardsched.train.config import TrainConfig
 
 DEFAULT_STEPS = 500
 """About a minute for the tiny model with 2 workers on 2 CPU cores (measured ~0.09 s/step: 500 steps ~ 45 s plus ~10 s start-up and profiling)."""
@@ -40,13 +40,15 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     a("--seq", type=int, default=None, help="tokens per sequence (default 128)")
     a("--lr", type=float, default=None, help="peak AdamW learning rate (default 3e-3)")
     a("--eval-every", type=int, default=None, help="validation loss every N steps (default 0: never)")
+    a("--precision", choices=["fp32", "bf16-mixed"], default=None,
+      help="fp32, or bf16 gathers and compute with fp32 master weights and reductions (default fp32)")
     a("--quiet", action="store_true", help="no progress bar and no final table")
 
 
 # Flags a resumed run takes from the saved config.json unless given again.
-_FROM_SAVED = ("steps", "seed", "model", "data", "batch", "seq", "lr", "eval_every", "checkpoint_every")
+_FROM_SAVED = ("steps", "seed", "model", "data", "batch", "seq", "lr", "eval_every", "checkpoint_every", "precision")
 _DEFAULTS = {"steps": DEFAULT_STEPS, "seed": 0, "model": "tiny", "batch": 8, "seq": 128, "lr": 3e-3,
-             "eval_every": 0, "checkpoint_every": 0}
+             "eval_every": 0, "checkpoint_every": 0, "precision": "fp32"}
 
 
 def _saved_config(resume: str | None) -> dict:
@@ -79,7 +81,8 @@ def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
     from shardsched.plan.spec import parse_strategy_spec
     from shardsched.train import checkpoint as ckpt
     from shardsched.train.data import check_divisible, load_text
-    from shardsched.train.trainer import build_model, load_plan
+    from shardsched.train.config import build_model
+    from shardsched.train.planning import load_plan
     for name in ("steps", "seq"):
         if getattr(cfg, name) < 1:
             raise UsageError(f"--{name} must be at least 1, got {getattr(cfg, name)}")

@@ -8,7 +8,6 @@ number of workers. Everything is a function of `cfg.seed` and the step number.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import math
@@ -23,62 +22,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
-from shardsched._fmt import console as default_console
-from shardsched._fmt import fmt_bytes, fmt_seconds
+from shardsched._fmt import fmt_bytes
 from shardsched.errors import UsageError
 from shardsched.plan.types import Plan
-from shardsched.profile.fingerprint import fingerprint
 from shardsched.train import checkpoint as ckpt
 from shardsched.train.data import TextData, check_divisible, get_batch, load_text
-from shardsched.train.model import GPT, GPTConfig
+from shardsched.train.config import TrainConfig, build_model
+from shardsched.train.planning import obtain_plan, share_from_rank0
+from shardsched.train.report import print_summary
 
 MEASURED_STEPS = 2
 """Steps run under FSDPMemTracker on CPU (slow, so only a couple, on a throwaway copy)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    steps: int = 200
-    """Total optimizer steps of the run (a resumed run counts from the checkpoint's step)."""
-    seed: int = 0
-    """Seeds the model initialisation and every batch."""
-    model: str = "tiny"
-    """Model spec: a preset name ("tiny", ...) or a spec `shardsched.profile.models` parses."""
-    data: str | None = None
-    """Text file of training bytes; None: the Python standard library's sources."""
-    strategy: str | None = None
-    """Strategy spec for make_plan; None: "auto", under --memory-budget or, without
-    one, under `plan.auto.default_budget`."""
-    plan: str | None = None
-    """Path of a plan.json to apply instead of making one."""
-    memory_budget_bytes: int | None = None
-    """Per-worker memory budget the planner must respect."""
-    run_dir: str = "runs/default"
-    """Where plan.json, metrics.jsonl, summary.json and checkpoints/ go."""
-    checkpoint_every: int = 0
-    """Save a checkpoint every this many steps (0: only never)."""
-    resume: str | None = None
-    """Run directory or checkpoint directory to continue from."""
-    batch: int = 8
-    """Global batch in sequences; must be divisible by the number of workers."""
-    seq: int = 128
-    """Tokens per sequence."""
-    lr: float = 3e-3
-    """Peak AdamW learning rate (linear warmup, cosine decay to lr/10)."""
-    warmup: int = 10
-    """Warmup steps (capped at a tenth of the run)."""
-    weight_decay: float = 0.01
-    """AdamW decoupled weight decay."""
-    eval_every: int = 0
-    """Evaluate the validation loss every this many steps (0: never)."""
-    eval_batches: int = 4
-    """Global batches per validation loss."""
-    precision: str = "fp32"
-    """"fp32" or "bf16-mixed"."""
-    quiet: bool = False
-    """No progress bar and no final table."""
-    measure_memory: bool = True
-    """Measure peak memory (FSDPMemTracker on CPU for the first steps)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,107 +56,6 @@ def lr_at(step: int, *, steps: int, lr: float, warmup: int) -> float:
         return lr * (step + 1) / warm
     frac = (step - warm) / max(1, steps - warm)
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
-
-
-def model_config(spec: str, *, seq: int) -> GPTConfig:
-    """The GPTConfig a spec names, with room for `seq` positions and a byte vocabulary."""
-    from shardsched.profile.models import parse_model_spec
-    cfg = parse_model_spec(spec).config  # UsageError on a bad spec
-    if cfg is None:
-        raise UsageError(f"--model {spec}: training needs a GPT model (a preset or gpt:key=value,...)")
-    if cfg.vocab < 256:
-        raise UsageError(f"--model {spec}: vocab {cfg.vocab} < 256 cannot hold byte-level text")
-    return dataclasses.replace(cfg, seq=seq) if cfg.learned_pos else cfg
-
-
-def build_model(cfg: TrainConfig) -> GPT:
-    """The same initial weights on every worker (seeded, built before sharding)."""
-    torch.manual_seed(cfg.seed)
-    return GPT(model_config(cfg.model, seq=cfg.seq))
-
-
-def _share_from_rank0(make, *, mesh: DeviceMesh, rank: int):
-    """Run make() on rank 0 and give its result to every worker; a UsageError on
-    rank 0 is raised on every worker, so none waits for a broadcast that never comes."""
-    obj = [None]
-    if rank == 0:
-        try:
-            obj = [("ok", make())]
-        except UsageError as e:
-            obj = [("error", str(e))]
-    dist.broadcast_object_list(obj, src=0, group=mesh.get_group())
-    kind, value = obj[0]
-    if kind == "error":
-        raise UsageError(value)
-    return value
-
-
-def load_plan(path: str, *, model: torch.nn.Module, world: int) -> Plan:
-    """Read --plan PATH and check that it belongs to this model and world."""
-    try:
-        plan = Plan.from_json(Path(path).read_text())
-    except OSError as e:
-        raise UsageError(f"--plan {path}: cannot read ({e.strerror})") from None
-    except ValueError as e:
-        raise UsageError(f"--plan {path}: {e}") from None
-    if plan.fingerprint != fingerprint(model):
-        raise UsageError(f"--plan {path} is for another model (fingerprint {plan.fingerprint}, "
-                         f"this model {fingerprint(model)})")
-    if plan.world != world:
-        raise UsageError(f"--plan {path} is for {plan.world} workers, this run has {world}")
-    return plan
-
-
-def make_local_plan(cfg: TrainConfig, model: GPT, *, world: int, link=None) -> Plan:
-    """Profile this model on this machine (one worker's micro-batch) and plan it.
-
-    With neither --strategy nor --memory-budget (the embedded default) the plan
-    is automatic under `plan.auto.default_budget`, so the run shows a mixed plan."""
-    from shardsched.cost.device import DEVICES, Cluster
-    from shardsched.plan.auto import default_budget
-    from shardsched.plan.build import make_plan
-    from shardsched.plan.types import Optimizer, Precision
-    from shardsched.profile.measure import measure_profile
-    from shardsched.profile.resolve import compute_dtype
-    micro = cfg.batch // world
-    idx = torch.zeros(micro, cfg.seq, dtype=torch.long)
-    precision = Precision(cfg.precision)
-    profile = measure_profile(copy.deepcopy(model), (idx, idx.clone()), name=cfg.model,
-                              compute_dtype=compute_dtype(precision))
-    device = DEVICES[_device_preset()]
-    if link is not None:  # this group's measured AllGather latency and bandwidth
-        device = dataclasses.replace(device, intra=link, inter=link)
-    cluster = Cluster(world=world, gpus_per_node=world, device=device)
-    budget, notes = cfg.memory_budget_bytes, ()
-    if cfg.strategy in (None, "auto") and budget is None:
-        budget = default_budget(profile, cluster, precision=precision, optimizer=Optimizer.ADAM)
-        notes = (f"default memory budget {budget} bytes: midway between the least-memory plan and "
-                 f"shard_grad_op everywhere (give --memory-budget or --strategy to choose)",)
-    plan = make_plan(profile, cluster, strategy=cfg.strategy or "auto",
-                     precision=precision, optimizer="adam", memory_budget_bytes=budget)
-    return dataclasses.replace(plan, notes=plan.notes + notes)
-
-
-def _device_preset() -> str:
-    """The DEVICES preset closest to this machine's accelerator ("cpu" without one)."""
-    if not torch.cuda.is_available():
-        return "cpu"
-    name = torch.cuda.get_device_name().lower()
-    return next((k for k in ("h100", "a100", "v100") if k in name), "a100")
-
-
-def obtain_plan(cfg: TrainConfig, model: GPT, *, mesh: DeviceMesh, rank: int) -> Plan:
-    """Rank 0 loads or makes the plan; every worker gets the same one. A plan
-    made here prices communication with this group's measured link
-    (`profile.collectives.measure_link`, a collective: every rank takes part)."""
-    from shardsched.profile.collectives import measure_link
-    link = None if cfg.plan else measure_link(group=mesh.get_group(), device=torch.device(mesh.device_type))
-
-    def make() -> str:
-        plan = (load_plan(cfg.plan, model=model, world=mesh.size()) if cfg.plan
-                else make_local_plan(cfg, model, world=mesh.size(), link=link))
-        return plan.to_json()
-    return Plan.from_json(_share_from_rank0(make, mesh=mesh, rank=rank))
 
 
 # ---------------------------------------------------------------- the loop
@@ -386,7 +239,7 @@ class _Bar:
 def _resume(run: _Run) -> int:
     """Load the checkpoint cfg.resume names; returns the step it was taken at."""
     cfg = run.cfg
-    path = _share_from_rank0(lambda: str(ckpt.find_checkpoint(cfg.resume)), mesh=run.mesh, rank=run.rank)
+    path = share_from_rank0(lambda: str(ckpt.find_checkpoint(cfg.resume)), mesh=run.mesh, rank=run.rank)
     meta = ckpt.load_checkpoint(Path(path), model=run.model, optimizer=run.opt, mesh=run.mesh)
     if meta["step"] > cfg.steps:
         raise UsageError(f"checkpoint {path} is at step {meta['step']}, beyond --steps {cfg.steps}")
@@ -473,29 +326,3 @@ def _summary(run: _Run, start: int, peaks: list) -> dict:
         "notes": list(plan.notes),
         "fingerprint": plan.fingerprint,
     }
-
-
-def print_summary(summary: dict) -> None:
-    """The final table: losses, throughput, measured vs predicted, strategies."""
-    from rich.table import Table
-    table = Table(title=f"shardsched train: {summary['model']}, {summary['world']} workers, "
-                        f"{summary['steps']} steps")
-    for col in ("", "measured", "predicted"):
-        table.add_column(col, justify="right" if col else "left")
-    table.add_row("loss (first -> last)", f"{summary['first_loss']:.4f} -> {summary['last_loss']:.4f}", "")
-    tps = summary["tokens_per_s"]
-    table.add_row("tokens/s", "n/a" if tps is None else f"{tps:,.0f}", "")
-    table.add_row("peak memory per worker", fmt_bytes(summary["measured_peak_bytes"]),
-                  fmt_bytes(summary["predicted_peak_bytes"]))
-    table.add_row("step time (median)", fmt_seconds(summary["measured_step_seconds"]),
-                  fmt_seconds(summary["predicted_step_seconds"]))
-    units = Table(title="units")
-    units.add_column("unit")
-    units.add_column("strategy")
-    for u in summary["units"]:
-        units.add_row(u["name"], u["strategy"])
-    console = default_console()
-    console.print(table)
-    console.print(units)
-    for note in summary["notes"]:
-        console.print(f"note: {note}")

@@ -11,7 +11,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from shardsched.plan.types import Plan, Strategy, Unit
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.train.data import get_batch, load_text
-from shardsched.train.trainer import TrainConfig, build_model, lr_at, train
+from shardsched.train.config import TrainConfig, build_model
+from shardsched.train.trainer import lr_at, train
 
 TINY = "gpt:layers=2,hidden=32,heads=2,seq=16"
 LAYERS = ("embed", "blocks.0", "blocks.1", "head")

@@ -13,7 +13,7 @@ from shardsched.plan.build import make_plan
 from shardsched.plan.types import Optimizer, Precision, Strategy
 from shardsched.profile.measure import measure_profile
 from shardsched.train.launcher import launch
-from shardsched.train.trainer import build_model
+from shardsched.train.config import build_model
 
 from ._helpers import auto_worker, reference_run, tiny_config
 

@@ -1,7 +1,8 @@
 """The embedded default (`shardsched train` with no arguments) plans
 automatically under a budget that forces a mixed plan, and says why."""
 from shardsched.plan.types import Strategy
-from shardsched.train.trainer import TrainConfig, build_model, make_local_plan
+from shardsched.train.config import TrainConfig, build_model
+from shardsched.train.planning import make_local_plan
 
 
 def test_default_plan_mixes_strategies_within_its_budget():

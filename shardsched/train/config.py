@@ -1,0 +1,72 @@
+"""TrainConfig: everything a run is given, and the model it builds."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from shardsched.errors import UsageError
+from shardsched.train.model import GPT, GPTConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    steps: int = 200
+    """Total optimizer steps of the run (a resumed run counts from the checkpoint's step)."""
+    seed: int = 0
+    """Seeds the model initialisation and every batch."""
+    model: str = "tiny"
+    """Model spec: a preset name ("tiny", ...) or a spec `shardsched.profile.models` parses."""
+    data: str | None = None
+    """Text file of training bytes; None: the Python standard library's sources."""
+    strategy: str | None = None
+    """Strategy spec for make_plan; None: "auto", under --memory-budget or, without
+    one, under `plan.auto.default_budget`."""
+    plan: str | None = None
+    """Path of a plan.json to apply instead of making one."""
+    memory_budget_bytes: int | None = None
+    """Per-worker memory budget the planner must respect."""
+    run_dir: str = "runs/default"
+    """Where plan.json, metrics.jsonl, summary.json and checkpoints/ go."""
+    checkpoint_every: int = 0
+    """Save a checkpoint every this many steps (0: only never)."""
+    resume: str | None = None
+    """Run directory or checkpoint directory to continue from."""
+    batch: int = 8
+    """Global batch in sequences; must be divisible by the number of workers."""
+    seq: int = 128
+    """Tokens per sequence."""
+    lr: float = 3e-3
+    """Peak AdamW learning rate (linear warmup, cosine decay to lr/10)."""
+    warmup: int = 10
+    """Warmup steps (capped at a tenth of the run)."""
+    weight_decay: float = 0.01
+    """AdamW decoupled weight decay."""
+    eval_every: int = 0
+    """Evaluate the validation loss every this many steps (0: never)."""
+    eval_batches: int = 4
+    """Global batches per validation loss."""
+    precision: str = "fp32"
+    """"fp32" or "bf16-mixed"."""
+    quiet: bool = False
+    """No progress bar and no final table."""
+    measure_memory: bool = True
+    """Measure peak memory (FSDPMemTracker on CPU for the first steps)."""
+
+
+def model_config(spec: str, *, seq: int) -> GPTConfig:
+    """The GPTConfig a spec names, with room for `seq` positions and a byte vocabulary."""
+    from shardsched.profile.models import parse_model_spec
+    cfg = parse_model_spec(spec).config  # UsageError on a bad spec
+    if cfg is None:
+        raise UsageError(f"--model {spec}: training needs a GPT model (a preset or gpt:key=value,...)")
+    if cfg.vocab < 256:
+        raise UsageError(f"--model {spec}: vocab {cfg.vocab} < 256 cannot hold byte-level text")
+    return dataclasses.replace(cfg, seq=seq) if cfg.learned_pos else cfg
+
+
+def build_model(cfg: TrainConfig) -> GPT:
+    """The same initial weights on every worker (seeded, built before sharding)."""
+    torch.manual_seed(cfg.seed)
+    return GPT(model_config(cfg.model, seq=cfg.seq))

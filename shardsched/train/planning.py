@@ -1,0 +1,104 @@
+"""Where a run's plan comes from: --plan, or profiled and planned here.
+
+Rank 0 loads or makes the plan and every worker receives the same one, so all
+workers shard identically; the group's link is measured by all of them first.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from shardsched.errors import UsageError
+from shardsched.plan.types import Plan
+from shardsched.profile.fingerprint import fingerprint
+from shardsched.train.config import TrainConfig
+from shardsched.train.model import GPT
+
+
+def share_from_rank0(make, *, mesh: DeviceMesh, rank: int):
+    """Run make() on rank 0 and give its result to every worker; a UsageError on
+    rank 0 is raised on every worker, so none waits for a broadcast that never comes."""
+    obj = [None]
+    if rank == 0:
+        try:
+            obj = [("ok", make())]
+        except UsageError as e:
+            obj = [("error", str(e))]
+    dist.broadcast_object_list(obj, src=0, group=mesh.get_group())
+    kind, value = obj[0]
+    if kind == "error":
+        raise UsageError(value)
+    return value
+
+
+def load_plan(path: str, *, model: torch.nn.Module, world: int) -> Plan:
+    """Read --plan PATH and check that it belongs to this model and world."""
+    try:
+        plan = Plan.from_json(Path(path).read_text())
+    except OSError as e:
+        raise UsageError(f"--plan {path}: cannot read ({e.strerror})") from None
+    except ValueError as e:
+        raise UsageError(f"--plan {path}: {e}") from None
+    if plan.fingerprint != fingerprint(model):
+        raise UsageError(f"--plan {path} is for another model (fingerprint {plan.fingerprint}, "
+                         f"this model {fingerprint(model)})")
+    if plan.world != world:
+        raise UsageError(f"--plan {path} is for {plan.world} workers, this run has {world}")
+    return plan
+
+
+def make_local_plan(cfg: TrainConfig, model: GPT, *, world: int, link=None) -> Plan:
+    """Profile this model on this machine (one worker's micro-batch) and plan it.
+
+    With neither --strategy nor --memory-budget (the embedded default) the plan
+    is automatic under `plan.auto.default_budget`, so the run shows a mixed plan."""
+    from shardsched.cost.device import DEVICES, Cluster
+    from shardsched.plan.auto import default_budget
+    from shardsched.plan.build import make_plan
+    from shardsched.plan.types import Optimizer, Precision
+    from shardsched.profile.measure import measure_profile
+    from shardsched.profile.resolve import compute_dtype
+    micro = cfg.batch // world
+    idx = torch.zeros(micro, cfg.seq, dtype=torch.long)
+    precision = Precision(cfg.precision)
+    profile = measure_profile(copy.deepcopy(model), (idx, idx.clone()), name=cfg.model,
+                              compute_dtype=compute_dtype(precision))
+    device = DEVICES[_device_preset()]
+    if link is not None:  # this group's measured AllGather latency and bandwidth
+        device = dataclasses.replace(device, intra=link, inter=link)
+    cluster = Cluster(world=world, gpus_per_node=world, device=device)
+    budget, notes = cfg.memory_budget_bytes, ()
+    if cfg.strategy in (None, "auto") and budget is None:
+        budget = default_budget(profile, cluster, precision=precision, optimizer=Optimizer.ADAM)
+        notes = (f"default memory budget {budget} bytes: midway between the least-memory plan and "
+                 f"shard_grad_op everywhere (give --memory-budget or --strategy to choose)",)
+    plan = make_plan(profile, cluster, strategy=cfg.strategy or "auto",
+                     precision=precision, optimizer="adam", memory_budget_bytes=budget)
+    return dataclasses.replace(plan, notes=plan.notes + notes)
+
+
+def _device_preset() -> str:
+    """The DEVICES preset closest to this machine's accelerator ("cpu" without one)."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name().lower()
+    return next((k for k in ("h100", "a100", "v100") if k in name), "a100")
+
+
+def obtain_plan(cfg: TrainConfig, model: GPT, *, mesh: DeviceMesh, rank: int) -> Plan:
+    """Rank 0 loads or makes the plan; every worker gets the same one. A plan
+    made here prices communication with this group's measured link
+    (`profile.collectives.measure_link`, a collective: every rank takes part)."""
+    from shardsched.profile.collectives import measure_link
+    link = None if cfg.plan else measure_link(group=mesh.get_group(), device=torch.device(mesh.device_type))
+
+    def make() -> str:
+        plan = (load_plan(cfg.plan, model=model, world=mesh.size()) if cfg.plan
+                else make_local_plan(cfg, model, world=mesh.size(), link=link))
+        return plan.to_json()
+    return Plan.from_json(share_from_rank0(make, mesh=mesh, rank=rank))
