@@ -134,7 +134,8 @@ def costs_of(p: Problem) -> Costs:
     rs = [collective_seconds(Collective.REDUCE_SCATTER, c.params * sb.reduce, cl) for c in p.costs]
     ar = [collective_seconds(Collective.ALL_REDUCE, c.params * sb.reduce, cl) for c in p.costs]
     return Costs(ag=ag, red=[{REP: a, SGO: r, FS: r} for a, r in zip(ar, rs)],
-                 fwd=[c.forward_seconds for c in p.costs], bwd=[c.backward_seconds for c in p.costs],
+                 # from the scenario: it adds the device's per-unit host overhead
+                 fwd=[c.forward_seconds for c in sc.units], bwd=[c.backward_seconds for c in sc.units],
                  shard=[{k: -(-c.params // shards(k, w)) for k in (REP, SGO, FS)} for c in p.costs],
                  unsharded=[c.params * sb.unsharded_param for c in p.costs],
                  ugrad=[c.params * sb.unsharded_grad for c in p.costs],
@@ -232,6 +233,8 @@ class _Build:
                 m.ge({self.E[0]: 1.0}, {}, self.comp[0])
             self._channel(s)
             self._deadlines(s)
+            if not self.p.cluster.device.overlap:  # blocking collectives: compute after the whole batch
+                m.ge({self.E[s]: 1.0}, _add({self.S[s]: 1.0}, self._ag_at(s, 2 * n)), self.comp[s])
         opt = self._opt_seconds()
         m.ge({self.E[2 * n]: 1.0}, _add({self.E[2 * n - 1]: 1.0}, opt))
         m.ge({self.E[2 * n]: 1.0}, _add({self.Z[2 * n - 1]: 1.0}, opt))
@@ -382,8 +385,9 @@ class _Build:
                 x[self.E[s]] = max(e_prev, z_prev) + val(self._opt_seconds())
                 break
             x[self.S[s]] = st = max(z_prev, e_prev)
-            x[self.E[s]] = e_prev = max(e_prev, self._ready(x, s)) + self.comp[s]
             z = st + val(self._ag_at(s, 2 * n))
+            ready = z if not self.p.cluster.device.overlap else self._ready(x, s)
+            x[self.E[s]] = e_prev = max(e_prev, ready) + self.comp[s]
             if s >= n:
                 i = 2 * n - 1 - s
                 red = val(self.zexpr(i, {k: v / self.tscale for k, v in self.c.red[i].items()}))

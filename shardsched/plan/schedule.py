@@ -7,6 +7,8 @@ Unlisted, a unit gathers at its own step (no prefetch).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
 from shardsched.plan.types import Plan, Strategy, Unit
@@ -57,6 +59,10 @@ def make_scenario(costs, strategies, fwd, bwd, *, plan: Plan | None = None, prof
                   cluster: Cluster, precision=None, optimizer=None) -> Scenario:
     precision = precision or plan.precision
     optimizer = optimizer or plan.optimizer
+    half = cluster.device.unit_overhead_seconds / 2  # FSDP2's host work, split over forward and backward
+    if half:
+        costs = [dataclasses.replace(c, forward_seconds=c.forward_seconds + half,
+                                     backward_seconds=c.backward_seconds + half) for c in costs]
     sb = state_bytes(precision, optimizer)
     shard_params = sum(-(-c.params // (1 if s is Strategy.REPLICATE else cluster.world))
                        for c, s in zip(costs, strategies))

@@ -9,6 +9,9 @@ post-backward of one unit precedes the pre-backward of the next).
 A collective cannot start before the compute step at whose start it is issued
 begins; compute of a step waits for its own AllGather; the optimizer step waits
 for every reduction. Step time = end of the optimizer step.
+On a device without overlap (gloo on CPU, `DeviceSpec.overlap`), every
+collective blocks compute: a step computes after all it issued, and the next
+step starts after its reduction.
 """
 from __future__ import annotations
 
@@ -87,6 +90,7 @@ def launches_at(sc: Scenario) -> dict[int, list[tuple[int, int]]]:
 def replay(sc: Scenario) -> Timeline:
     """Event times of one step under the schedule `sc`."""
     n, launches = sc.n, launches_at(sc)
+    blocking = not sc.cluster.device.overlap
     compute, comm = [], []
     channel_free, prev_end = 0.0, 0.0
     ready: dict[int, float] = {}  # use step -> end of its AllGather
@@ -96,7 +100,7 @@ def replay(sc: Scenario) -> Timeline:
             channel_free = start + collective_time(sc, Collective.ALL_GATHER, i)
             comm.append(CommEvent(Collective.ALL_GATHER, i, s, start, channel_free))
             ready[use] = channel_free
-        start = max(prev_end, ready.get(s, 0.0))
+        start = max(prev_end, channel_free if blocking else ready.get(s, 0.0))
         if s == 2 * n:
             start = max([start] + [c.end for c in comm if c.kind is not Collective.ALL_GATHER])
         prev_end = start + _compute_seconds(sc, s)
@@ -107,6 +111,8 @@ def replay(sc: Scenario) -> Timeline:
             rs_start = max(channel_free, prev_end)
             channel_free = rs_start + collective_time(sc, kind, i)
             comm.append(CommEvent(kind, i, s, rs_start, channel_free))
+            if blocking:
+                prev_end = channel_free
     return Timeline(tuple(compute), tuple(comm))
 
 

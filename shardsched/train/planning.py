@@ -52,8 +52,26 @@ def load_plan(path: str, *, model: torch.nn.Module, world: int) -> Plan:
     return plan
 
 
-def make_local_plan(cfg: TrainConfig, model: GPT, *, world: int, link=None) -> Plan:
-    """Profile this model on this machine (one worker's micro-batch) and plan it.
+def local_profile(cfg: TrainConfig, model: GPT, *, world: int):
+    """One worker's micro-batch profiled on this machine: measured on CPU; on
+    GPUs the analytic profile of the same config (the hooks time host-side
+    launches, not kernels), which has the same layers and fingerprint."""
+    from shardsched.cost.device import DEVICES
+    from shardsched.plan.types import Precision
+    from shardsched.profile.analytic import analytic_profile
+    from shardsched.profile.measure import measure_profile
+    from shardsched.profile.resolve import compute_dtype
+    from shardsched.train.config import model_config
+    micro, dtype = cfg.batch // world, compute_dtype(Precision(cfg.precision))
+    if _device_preset() != "cpu":
+        return analytic_profile(model_config(cfg.model, seq=cfg.seq), micro_batch=micro, seq=cfg.seq,
+                                device=DEVICES[_device_preset()], compute_dtype=dtype, name=cfg.model)
+    idx = torch.zeros(micro, cfg.seq, dtype=torch.long)
+    return measure_profile(copy.deepcopy(model), (idx, idx.clone()), name=cfg.model, compute_dtype=dtype)
+
+
+def make_local_plan(cfg: TrainConfig, model: GPT, *, world: int, link=None, profile=None) -> Plan:
+    """Plan this model for `world` workers of this machine (profiling it unless given).
 
     With neither --strategy nor --memory-budget (the embedded default) the plan
     is automatic under `plan.auto.default_budget`, so the run shows a mixed plan."""
@@ -61,13 +79,8 @@ def make_local_plan(cfg: TrainConfig, model: GPT, *, world: int, link=None) -> P
     from shardsched.plan.auto import default_budget
     from shardsched.plan.build import make_plan
     from shardsched.plan.types import Optimizer, Precision
-    from shardsched.profile.measure import measure_profile
-    from shardsched.profile.resolve import compute_dtype
-    micro = cfg.batch // world
-    idx = torch.zeros(micro, cfg.seq, dtype=torch.long)
     precision = Precision(cfg.precision)
-    profile = measure_profile(copy.deepcopy(model), (idx, idx.clone()), name=cfg.model,
-                              compute_dtype=compute_dtype(precision))
+    profile = profile or local_profile(cfg, model, world=world)
     device = DEVICES[_device_preset()]
     if link is not None:  # this group's measured AllGather latency and bandwidth
         device = dataclasses.replace(device, intra=link, inter=link)
@@ -95,10 +108,15 @@ def obtain_plan(cfg: TrainConfig, model: GPT, *, mesh: DeviceMesh, rank: int) ->
     made here prices communication with this group's measured link
     (`profile.collectives.measure_link`, a collective: every rank takes part)."""
     from shardsched.profile.collectives import measure_link
-    link = None if cfg.plan else measure_link(group=mesh.get_group(), device=torch.device(mesh.device_type))
+    link = profile = None
+    if not cfg.plan:
+        link = measure_link(group=mesh.get_group(), device=torch.device(mesh.device_type))
+        # Every worker profiles at once, so the times carry the contention of a real
+        # step (workers sharing cores and memory bandwidth); rank 0's are used.
+        profile = local_profile(cfg, model, world=mesh.size())
 
     def make() -> str:
         plan = (load_plan(cfg.plan, model=model, world=mesh.size()) if cfg.plan
-                else make_local_plan(cfg, model, world=mesh.size(), link=link))
+                else make_local_plan(cfg, model, world=mesh.size(), link=link, profile=profile))
         return plan.to_json()
     return Plan.from_json(share_from_rank0(make, mesh=mesh, rank=rank))
