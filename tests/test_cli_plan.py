@@ -110,3 +110,31 @@ def test_a_plan_over_budget_and_an_oversized_layer_are_reported():
     # gpt2-xl's head: 1600 x 50257 parameters, bf16 gathered (2) + bf16 grads (2) + fp32 reduction (4)
     head = 1600 * 50257 + 1600 * 2
     assert any(n.startswith("head alone needs") and f"{head * 8} bytes" in n for n in notes)
+
+
+USER_MODEL = '''
+import torch, torch.nn as nn
+
+def build():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))
+    return model, (torch.randn(32, 64),)  # model(x) is a tensor: its sum is the loss
+'''
+
+
+def test_python_model_is_measured_and_planned(tmp_path):
+    (tmp_path / "usermodels.py").write_text(USER_MODEL)
+    r = shardsched("plan", "--model", "python:usermodels:build", "--world", "8", "--no-fuse",
+                   "--strategy", "full_shard,0=replicate", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert [(u["layers"], u["strategy"], u["params"]) for u in plan["units"]] == [
+        (["0"], "replicate", 64 * 256 + 256), (["2"], "full_shard", 256 * 256 + 256), (["4"], "full_shard", 256 * 8 + 8)]
+    assert plan["device"] == "cpu" and plan["predicted"]["memory"]["activations"] > 0
+    r = shardsched("plan", "--model", "python:usermodels:build", "--world", "8", "--memory-budget", "2MiB",
+                   "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    auto = json.loads(r.stdout)
+    assert auto["solver"]["name"] in ("highs", "greedy") and auto["predicted"]["peak_bytes"] <= 2 << 20
+    r = shardsched("plan", "--model", "python:usermodels:nothing", cwd=tmp_path)
+    assert r.returncode == 2 and "has no function 'nothing'" in r.stderr
