@@ -1,5 +1,7 @@
 """`shardsched bench`: the same model, steps and workers under each uniform
-strategy (and --plan if given), in one invocation, with ratios vs full_shard.
+strategy and a plan (--plan, or else the automatic plan under the default
+budget, as `shardsched train` makes it), in one invocation, with ratios vs
+full_shard.
 
 All variants run one after another inside the same worker processes, so
 they share start-up, cores and data; only the sharding differs.
@@ -27,7 +29,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     a("--seed", type=int, default=0)
     a("--model", default="tiny", help="model spec (default tiny)")
     a("--data", default=None, help="text file (default: the Python standard library sources)")
-    a("--plan", default=None, help="also run this plan.json")
+    a("--plan", default=None, help="also run this plan.json (default: the automatic plan under the default budget)")
     a("--batch", type=int, default=8, help="global batch in sequences (default 8)")
     a("--seq", type=int, default=128, help="tokens per sequence (default 128)")
     a("--run-dir", default=None, help="output directory (default runs/bench-<timestamp>)")
@@ -43,6 +45,8 @@ def bench_configs(args: argparse.Namespace, run_dir: str) -> list[tuple[str, Tra
     variants = [(s, dataclasses.replace(base, strategy=s, run_dir=f"{run_dir}/{s}")) for s in STRATEGIES]
     if args.plan:
         variants.append(("plan", dataclasses.replace(base, plan=args.plan, run_dir=f"{run_dir}/plan")))
+    else:  # strategy None, no budget: auto under plan.auto.default_budget
+        variants.append(("auto", dataclasses.replace(base, run_dir=f"{run_dir}/auto")))
     return variants
 
 
