@@ -39,7 +39,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     a("--batch", type=int, default=None, help="global batch in sequences (default 8)")
     a("--seq", type=int, default=None, help="tokens per sequence (default 128)")
     a("--lr", type=float, default=None, help="peak AdamW learning rate (default 3e-3)")
-    a("--eval-every", type=int, default=None, help="validation loss every N steps (default 0: never)")
+    a("--eval-every", type=int, default=None, help="validation loss every N steps (default 100; 0: never)")
     a("--precision", choices=["fp32", "bf16-mixed"], default=None,
       help="fp32, or bf16 gathers and compute with fp32 master weights and reductions (default fp32)")
     a("--quiet", action="store_true", help="no progress bar and no final table")
@@ -48,7 +48,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 # Flags a resumed run takes from the saved config.json unless given again.
 _FROM_SAVED = ("steps", "seed", "model", "data", "batch", "seq", "lr", "eval_every", "checkpoint_every", "precision")
 _DEFAULTS = {"steps": DEFAULT_STEPS, "seed": 0, "model": "tiny", "batch": 8, "seq": 128, "lr": 3e-3,
-             "eval_every": 0, "checkpoint_every": 0, "precision": "fp32"}
+             "eval_every": 100, "checkpoint_every": 0, "precision": "fp32"}
 
 
 def _saved_config(resume: str | None) -> dict:

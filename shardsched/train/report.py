@@ -13,6 +13,8 @@ def print_summary(summary: dict) -> None:
     for col in ("", "measured", "predicted"):
         table.add_column(col, justify="right" if col else "left")
     table.add_row("loss (first -> last)", f"{summary['first_loss']:.4f} -> {summary['last_loss']:.4f}", "")
+    if summary.get("last_val_loss") is not None:
+        table.add_row("validation loss (last)", f"{summary['last_val_loss']:.4f}", "")
     tps = summary["tokens_per_s"]
     table.add_row("tokens/s", "n/a" if tps is None else f"{tps:,.0f}", "")
     table.add_row("peak memory per worker", fmt_bytes(summary["measured_peak_bytes"]),

@@ -314,6 +314,7 @@ def _summary(run: _Run, start: int, peaks: list) -> dict:
     return {
         "first_loss": rows[0]["loss"] if rows else (run.losses[0] if run.losses else None),
         "last_loss": run.losses[-1] if run.losses else (rows[-1]["loss"] if rows else None),
+        "last_val_loss": next((r["val_loss"] for r in reversed(rows) if "val_loss" in r), None),
         "steps": cfg.steps, "start_step": start, "world": run.mesh.size(), "model": cfg.model,
         "batch": cfg.batch, "seq": cfg.seq,
         "measured_peak_bytes": max(known) if known else None,
