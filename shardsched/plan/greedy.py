@@ -85,7 +85,7 @@ class Evaluator:
         base = pers + U[i] + G[i + 1]
         u = self.unsh[i]
         m = max(u + self.act[i + 1] + c.ws[i] + held + inc[s],  # backward starts
-                u + c.ugrad[i] + self.act[i] + held + inc[s],  # backward ends
+                u + c.ugrad[i] + self.act[i] + c.ws[i] + held + inc[s],  # backward ends
                 c.ugrad[i] + self.act[i] + c.rsbuf[i] + inc[s])  # reduce
         if ch.strategies[i] is FS:
             m = max(m, 2 * self.unsh[i] + self.act[i + 1] + held + exc[s])

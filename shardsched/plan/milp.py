@@ -341,7 +341,7 @@ class _Build:
         pend = _add(live, self._pending(s, inclusive=True))
         u, inp = c.unsharded[i], c.input_bytes
         self._mem(s, pend, (u + act[i + 1] + c.ws[i] + inp + held_rs) * g, cap)
-        self._mem(s, pend, (u + c.ugrad[i] + act[i] + inp + held_rs) * g, cap)
+        self._mem(s, pend, (u + c.ugrad[i] + act[i] + c.ws[i] + inp + held_rs) * g, cap)
         self._mem(s, pend, (c.ugrad[i] + act[i] + inp + c.rsbuf[i]) * g, cap)
         if FS in self.z[i]:  # counts only if full_shard: gate with big-M on z[i, FS]
             terms = _add(live, self._pending(s, inclusive=False))

@@ -117,11 +117,12 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
     held_rs = live.rsbuf[i + 1] if i + 1 < sc.n else 0
     pending = live.pending_gathers(s, include_launched_here=True)
     # Backward frees the unit's activations as it produces its gradients: at the
-    # start all activations and the workspace are live, at the end all gradients.
+    # start all activations are live, at the end all gradients; the workspace
+    # (gradients of the largest activations) is live throughout.
     moments = [_mb(live, unsharded=live.unsharded_live(s), grads=grads,
                    act=live.activations(i) + sc.units[i].workspace_bytes, comm=held_rs + pending),
                _mb(live, unsharded=live.unsharded_live(s), grads=grads + live.ugrad[i],
-                   act=live.activations(i - 1), comm=held_rs + pending),
+                   act=live.activations(i - 1) + sc.units[i].workspace_bytes, comm=held_rs + pending),
                _mb(live, unsharded=live.unsharded_live(s, exclude=i), grads=grads + live.ugrad[i],
                    act=live.activations(i - 1), comm=live.rsbuf[i] + pending)]
     if sc.strategies[i] is Strategy.FULL_SHARD:  # copy-out of its backward AllGather

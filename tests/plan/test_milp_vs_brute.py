@@ -1,6 +1,7 @@
 """The MILP against brute force and the simulator, on small synthetic instances."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -20,6 +21,10 @@ from shardsched.sim.timeline import replay
 
 KW = dict(pins={}, precision=Precision.BF16_MIXED, optimizer=Optimizer.ADAM)
 CLUSTER = Cluster(world=8, gpus_per_node=8, device=DEVICES["cpu"])
+# The same links with communication beside compute (as NCCL on GPUs): the
+# timing where launch points matter. DEVICES["cpu"] blocks (gloo).
+OVERLAP = Cluster(world=8, gpus_per_node=8,
+                  device=dataclasses.replace(DEVICES["cpu"], overlap=True, unit_overhead_seconds=0.0))
 
 
 def synth(k: int, seed: int) -> Profile:
@@ -45,25 +50,27 @@ def budgets(problems) -> list[int]:
     return [lo + 1, int(lo + 0.15 * (hi - lo)), int(lo + 0.4 * (hi - lo))]
 
 
+@pytest.mark.parametrize("cluster", [OVERLAP, CLUSTER], ids=["overlap", "blocking"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_milp_equals_brute_force(seed):
+def test_milp_equals_brute_force(seed, cluster):
     prof = synth(4, seed)
-    problems = candidate_problems(prof, CLUSTER, **KW)
+    problems = candidate_problems(prof, cluster, **KW)
     assert len(problems) == 8  # every grouping of 4 layers
     for budget in budgets(problems):
         _, b = brute_all(problems, budget=budget)
         best = min((milp.solve(p, budget=budget) for p in problems), key=lambda r: r.objective)
         assert best.objective == pytest.approx(b.seconds, rel=1e-9)
-        plan = auto_plan(prof, CLUSTER, spec=parse_strategy_spec("auto"), memory_budget_bytes=budget,
+        plan = auto_plan(prof, cluster, spec=parse_strategy_spec("auto"), memory_budget_bytes=budget,
                          precision=Precision.BF16_MIXED, optimizer=Optimizer.ADAM, time_limit=20)
         assert plan.predicted.step_seconds == pytest.approx(b.seconds, rel=1e-9)
         assert plan.predicted.peak_bytes <= budget
 
 
+@pytest.mark.parametrize("cluster", [OVERLAP, CLUSTER], ids=["overlap", "blocking"])
 @pytest.mark.parametrize("seed", [3, 4])
-def test_objective_equals_replay_and_fits(seed):
+def test_objective_equals_replay_and_fits(seed, cluster):
     prof = synth(5, seed)
-    for p in candidate_problems(prof, CLUSTER, **KW)[:6]:
+    for p in candidate_problems(prof, cluster, **KW)[:6]:
         for budget in budgets([p]):
             start = greedy(p, budget=budget)
             r = milp.solve(p, budget=budget, start=start, start_seconds=score("g", p, start).seconds)
