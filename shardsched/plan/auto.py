@@ -120,7 +120,7 @@ def auto_plan(profile: Profile, cluster: Cluster, *, spec: StrategySpec, precisi
     r = info.get(id(best))
     solver = SolverInfo(name="highs" if r else "greedy", status=r.status if r else "feasible",
                         gap=r.gap if r else None, seconds=time.perf_counter() - t0)
-    notes = explain(best, baselines=base, budget=budget, candidates=len(problems)) + notes
+    notes = explain(best, baselines=base, budget=budget, candidates=len(problems), pins=pins) + notes
     sc = best.problem.scenario(best.choice)
     return plan_from_scenario(sc, profile=profile, memory_budget_bytes=memory_budget_bytes, solver=solver,
                               precision=precision, optimizer=optimizer, notes=tuple(notes))
@@ -189,7 +189,7 @@ def _peak_if(s: Scored, a: int, b: int, strategy: Strategy) -> int:
     return max(m.total for m in step_memory(s.problem.scenario(ch._replace(strategies=strategies, bwd=bwd))))
 
 
-def _why(s: Scored, a: int, b: int, budget: int) -> str:
+def _why(s: Scored, a: int, b: int, budget: int, pins: dict) -> str:
     p, strat = s.problem, s.choice.strategies[a]
     sb = p.scenario(s.choice).state
     params = sum(c.params for c in p.costs[a:b + 1])
@@ -199,8 +199,8 @@ def _why(s: Scored, a: int, b: int, budget: int) -> str:
         return f"replicate (fits; no AllGathers of its {gathered} and no sharded optimizer step)"
     if strat is Strategy.SHARD_GRAD_OP:
         return f"shard_grad_op (fits; saves {k} backward AllGather(s) of {gathered} in all)"
-    if Strategy.SHARD_GRAD_OP not in p.allowed[a]:
-        return "full_shard (pinned)"
+    if all(name in pins for c in p.costs[a:b + 1] for name in c.layers):
+        return "full_shard (as --strategy pins it)"
     # The counterfactual is the reason: keeping the gathered copy through backward would not fit.
     other = _peak_if(s, a, b, Strategy.SHARD_GRAD_OP)
     verdict = "would not fit" if other > budget else "would fit but run slower"
@@ -209,13 +209,13 @@ def _why(s: Scored, a: int, b: int, budget: int) -> str:
             f"{fmt_bytes(budget)})")
 
 
-def explain(best: Scored, *, baselines: list[Scored], budget: int, candidates: int) -> list[str]:
+def explain(best: Scored, *, baselines: list[Scored], budget: int, candidates: int, pins: dict) -> list[str]:
     """Which units got which strategy and why, the prefetch depth, and the margin over baselines."""
     p, ch = best.problem, best.choice
     notes = []
     for a, b in _runs(ch.strategies):
         label = p.costs[a].name if a == b else f"{p.costs[a].layers[0]}..{p.costs[b].layers[-1]}"
-        notes.append(f"{label}: {_why(best, a, b, budget)}")
+        notes.append(f"{label}: {_why(best, a, b, budget, pins)}")
     early = sum(1 for i in range(p.n) if ch.fwd[i] < i - 1)
     early += sum(1 for i in range(p.n) if ch.bwd[i] is not None and ch.bwd[i] < 2 * p.n - 2 - i)
     notes.append(f"{p.n} units from {len(p.profile.layers)} layers ({candidates} groupings considered); "
