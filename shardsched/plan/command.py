@@ -54,7 +54,8 @@ def cluster_from_args(args: argparse.Namespace, *, python_model: bool) -> Cluste
     return Cluster(world=args.world, gpus_per_node=gpn, device=DEVICES[name])
 
 
-def load_plan(path: str) -> Plan:
+def read_plan(path: str) -> Plan:
+    """A plan file, or a UsageError naming what is wrong with it."""
     try:
         text = Path(path).read_text()
     except OSError as e:
@@ -79,7 +80,7 @@ def run_plan(args: argparse.Namespace) -> int:
     cluster = cluster_from_args(args, python_model=spec.config is None)
     precision = Precision(args.precision or ("fp32" if cluster.device.name == "cpu" else "bf16-mixed"))
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
-    existing = load_plan(args.plan) if args.plan else None  # validate input before any work
+    existing = read_plan(args.plan) if args.plan else None  # validate input before any work
     if args.out and not Path(args.out).parent.exists() and str(Path(args.out).parent) not in ("", "."):
         raise UsageError(f"--out {args.out}: directory {Path(args.out).parent} does not exist")
     profile = profile_for(spec, micro_batch=args.micro_batch, seq=args.seq, device=cluster.device,

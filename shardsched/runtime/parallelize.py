@@ -41,7 +41,7 @@ def check_plan(model: nn.Module, plan: Plan, world: int) -> None:
         raise UsageError(f"plan was made for another model (fingerprint {plan.fingerprint}, "
                          f"this model {fp}); make a plan for this model with 'shardsched plan'")
     if plan.world != world:
-        raise UsageError(f"plan was made for world {plan.world}, this run has {world} workers; "
+        raise UsageError(f"plan was made for {plan.world} workers, this run has {world}; "
                          f"re-plan with --world {world}")
     names = {n for n, _ in model.named_modules()}
     missing = [layer for u in plan.units for layer in u.layers if layer not in names]

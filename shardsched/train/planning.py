@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -15,7 +14,6 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from shardsched.errors import UsageError
 from shardsched.plan.types import Plan
-from shardsched.profile.fingerprint import fingerprint
 from shardsched.train.config import TrainConfig
 from shardsched.train.model import GPT
 
@@ -38,17 +36,10 @@ def share_from_rank0(make, *, mesh: DeviceMesh, rank: int):
 
 def load_plan(path: str, *, model: torch.nn.Module, world: int) -> Plan:
     """Read --plan PATH and check that it belongs to this model and world."""
-    try:
-        plan = Plan.from_json(Path(path).read_text())
-    except OSError as e:
-        raise UsageError(f"--plan {path}: cannot read ({e.strerror})") from None
-    except ValueError as e:
-        raise UsageError(f"--plan {path}: {e}") from None
-    if plan.fingerprint != fingerprint(model):
-        raise UsageError(f"--plan {path} is for another model (fingerprint {plan.fingerprint}, "
-                         f"this model {fingerprint(model)})")
-    if plan.world != world:
-        raise UsageError(f"--plan {path} is for {plan.world} workers, this run has {world}")
+    from shardsched.plan.command import read_plan
+    from shardsched.runtime.parallelize import check_plan
+    plan = read_plan(path)
+    check_plan(model, plan, world)
     return plan
 
 
