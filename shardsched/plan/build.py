@@ -82,12 +82,4 @@ def oversized_layer_notes(sc: Scenario, budget: int | None) -> list[str]:
     return out
 
 
-def check_budget(plan: Plan) -> None:
-    """UsageError when a plan's predicted peak exceeds its budget."""
-    b = plan.memory_budget_bytes
-    if b is not None and plan.predicted.peak_bytes > b:
-        raise UsageError(f"plan does not fit: predicted peak {plan.predicted.peak_bytes} bytes "
-                         f"> budget {b} bytes; use a larger --memory-budget or --strategy auto")
-
-
-__all__ = ["make_plan", "plan_from_scenario", "check_budget", "Strategy"]
+__all__ = ["make_plan", "plan_from_scenario", "Strategy"]
