@@ -11,7 +11,6 @@ import time
 from shardsched.cost.comm import block_size_bytes
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
-from shardsched.errors import UsageError
 from shardsched.plan.schedule import make_scenario, units_with_schedule
 from shardsched.plan.spec import parse_strategy_spec
 from shardsched.plan.types import Optimizer, Plan, Precision, SolverInfo, Strategy
