@@ -39,6 +39,7 @@ import numpy as np
 from shardsched.cost.comm import Collective, collective_seconds
 from shardsched.cost.memory import shards
 from shardsched.plan.candidates import Choice, Problem
+from shardsched.plan.schedule import optimizer_seconds_per_param
 from shardsched.plan.types import Strategy
 
 FS, SGO, REP = Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP, Strategy.REPLICATE
@@ -142,7 +143,7 @@ def costs_of(p: Problem) -> Costs:
                  rsbuf=[c.params * sb.reduce for c in p.costs],
                  act=[c.activation_bytes for c in p.costs], ws=[c.workspace_bytes for c in p.costs],
                  state=sb, input_bytes=sc.input_bytes, opt_factor=sc.optimizer_workspace_factor,
-                 opt_per_param=sb.at_rest * 2 / cl.device.memory_bandwidth)
+                 opt_per_param=optimizer_seconds_per_param(sb, cl))
 
 
 def windows(n: int, ahead: int) -> tuple[list[range], list[range]]:

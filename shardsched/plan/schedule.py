@@ -55,6 +55,11 @@ def scenario_for(plan: Plan, profile: Profile, cluster: Cluster) -> Scenario:
                          profile=profile, cluster=cluster)
 
 
+def optimizer_seconds_per_param(sb, cluster: Cluster) -> float:
+    """The optimizer step is memory-bound: it reads and writes every persistent byte."""
+    return sb.at_rest * 2 / cluster.device.memory_bandwidth
+
+
 def make_scenario(costs, strategies, fwd, bwd, *, plan: Plan | None = None, profile: Profile,
                   cluster: Cluster, precision=None, optimizer=None) -> Scenario:
     precision = precision or plan.precision
@@ -66,7 +71,7 @@ def make_scenario(costs, strategies, fwd, bwd, *, plan: Plan | None = None, prof
     sb = state_bytes(precision, optimizer)
     shard_params = sum(-(-c.params // (1 if s is Strategy.REPLICATE else cluster.world))
                        for c, s in zip(costs, strategies))
-    opt_seconds = shard_params * sb.at_rest * 2 / cluster.device.memory_bandwidth
+    opt_seconds = shard_params * optimizer_seconds_per_param(sb, cluster)
     return Scenario(units=tuple(costs), strategies=tuple(strategies), forward_launch=tuple(fwd),
                     backward_launch=tuple(bwd), cluster=cluster, state=sb,
                     input_bytes=profile.input_bytes, optimizer_seconds=opt_seconds,
