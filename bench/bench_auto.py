@@ -13,14 +13,14 @@ import argparse
 import time
 
 from shardsched.cost.device import DEVICES, Cluster
-from shardsched.plan.auto import auto_plan
-from shardsched.plan.baselines import uniform_baselines
-from shardsched.plan.candidates import candidate_problems
-from shardsched.plan.greedy import Evaluator, least_memory
+from shardsched.solve.auto import auto_plan
+from shardsched.solve.baselines import uniform_baselines
+from shardsched.solve.candidates import candidate_problems
+from shardsched.solve.greedy import Evaluator, least_memory
 from shardsched.plan.spec import parse_strategy_spec
-from shardsched.plan.types import Optimizer, Precision
+from shardsched.core.types import Optimizer, Precision
 from shardsched.profile.analytic import analytic_profile
-from shardsched.profile.models import PRESETS
+from shardsched.models.spec import PRESETS
 
 GiB = 1 << 30
 CONFIGS = {  # name: (preset, world, gpus per node, device, micro batch, seq)

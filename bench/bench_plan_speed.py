@@ -7,9 +7,9 @@ from __future__ import annotations
 import time
 
 from shardsched.cost.device import DEVICES, Cluster
-from shardsched.plan.build import make_plan
+from shardsched.solve.build import make_plan
 from shardsched.profile.analytic import analytic_profile
-from shardsched.profile.models import PRESETS
+from shardsched.models.spec import PRESETS
 
 GiB = 1 << 30
 CASES = [  # preset, world, gpus per node, device, micro batch, seq, budget GiB, limit s

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardsched.plan.types import Optimizer, Precision, Strategy
+from shardsched.core.types import Optimizer, Precision, Strategy
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,10 +11,10 @@ from pathlib import Path
 from shardsched.cost.bytes import parse_bytes
 from shardsched.cost.device import DEVICES, Cluster
 from shardsched.errors import UsageError
-from shardsched.plan.build import make_plan, plan_from_scenario
+from shardsched.solve.build import make_plan, plan_from_scenario
 from shardsched.plan.schedule import scenario_for
-from shardsched.plan.types import Optimizer, Plan, Precision
-from shardsched.profile.models import parse_model_spec
+from shardsched.core.types import Optimizer, Plan, Precision
+from shardsched.models.spec import parse_model_spec
 from shardsched.profile.resolve import profile_for
 
 

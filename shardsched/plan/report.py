@@ -9,7 +9,7 @@ from shardsched._fmt import fmt_bytes, fmt_count, fmt_seconds
 from shardsched.cost.comm import Collective
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
-from shardsched.plan.types import Plan, Strategy
+from shardsched.core.types import Plan, Strategy
 from shardsched.profile.types import Profile
 from shardsched.sim.timeline import collective_time, reduce_kind
 

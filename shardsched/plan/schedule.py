@@ -11,7 +11,7 @@ import dataclasses
 
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
-from shardsched.plan.types import Plan, Strategy, Unit
+from shardsched.core.types import Plan, Strategy, Unit
 from shardsched.plan.units import unit_cost
 from shardsched.profile.types import Profile
 from shardsched.sim.scenario import Scenario, UnitCost

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 
 from shardsched.errors import UsageError
-from shardsched.plan.types import Strategy
+from shardsched.core.types import Strategy
 
 ACCEPTED = ("accepted: auto | replicate | shard_grad_op | full_shard, optionally followed by "
             "',LAYERS=STRATEGY' overrides where LAYERS is a layer path, prefix.A-B or a glob")

@@ -9,7 +9,7 @@ has one strategy).
 """
 from __future__ import annotations
 
-from shardsched.plan.types import Strategy
+from shardsched.core.types import Strategy
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.sim.scenario import UnitCost
 

@@ -2,7 +2,7 @@
 
 For clusters and models you don't have: nothing is built, so gpt3-175b takes
 milliseconds. Layer names, parameter names and shapes follow
-`shardsched.train.model.GPT` exactly (tests compare them with the real module),
+`shardsched.models.gpt.GPT` exactly (tests compare them with the real module),
 so the fingerprint, and therefore a plan made from this profile, matches the
 real model.
 
@@ -21,9 +21,9 @@ import dataclasses
 from shardsched.cost.device import DeviceSpec
 from shardsched.errors import UsageError
 from shardsched.profile.fingerprint import fingerprint_of_shapes
-from shardsched.profile.models import config_dict
+from shardsched.models.spec import config_dict
 from shardsched.profile.types import LayerProfile, Profile
-from shardsched.train.gpt_config import GPTConfig
+from shardsched.models.gpt_config import GPTConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 

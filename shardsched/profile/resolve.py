@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from shardsched.cost.device import DeviceSpec
 from shardsched.errors import UsageError
-from shardsched.plan.types import Precision
+from shardsched.core.types import Precision
 from shardsched.profile.analytic import analytic_profile
-from shardsched.profile.models import ModelSpec, build_gpt
+from shardsched.models.spec import ModelSpec, build_gpt
 from shardsched.profile.types import Profile
 
 

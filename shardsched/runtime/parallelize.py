@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from shardsched.errors import UsageError
-from shardsched.plan.types import Plan, Precision, Strategy
+from shardsched.core.types import Plan, Precision, Strategy
 from shardsched.profile.fingerprint import fingerprint
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from shardsched.cost.memory import shards
-from shardsched.plan.types import MemoryBreakdown, Strategy
+from shardsched.core.types import MemoryBreakdown, Strategy
 from shardsched.sim.scenario import Scenario
 
 

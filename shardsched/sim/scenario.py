@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import StateBytes
-from shardsched.plan.types import Strategy
+from shardsched.core.types import Strategy
 
 
 @dataclass(frozen=True, kw_only=True)

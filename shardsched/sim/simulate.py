@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from shardsched.cost.memory import model_states_bytes
-from shardsched.plan.types import Predicted
+from shardsched.core.types import Predicted
 from shardsched.sim.memory import StepMemory, step_memory
 from shardsched.sim.scenario import Scenario
 from shardsched.sim.timeline import Timeline, replay

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from shardsched.cost.comm import Collective, collective_seconds
-from shardsched.plan.types import Strategy
+from shardsched.core.types import Strategy
 from shardsched.sim.scenario import Scenario
 
 

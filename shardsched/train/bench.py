@@ -45,7 +45,7 @@ def bench_configs(args: argparse.Namespace, run_dir: str) -> list[tuple[str, Tra
     variants = [(s, dataclasses.replace(base, strategy=s, run_dir=f"{run_dir}/{s}")) for s in STRATEGIES]
     if args.plan:
         variants.append(("plan", dataclasses.replace(base, plan=args.plan, run_dir=f"{run_dir}/plan")))
-    else:  # strategy None, no budget: auto under plan.auto.default_budget
+    else:  # strategy None, no budget: auto under solve.auto.default_budget
         variants.append(("auto", dataclasses.replace(base, run_dir=f"{run_dir}/auto")))
     return variants
 

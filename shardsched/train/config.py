@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from shardsched.errors import UsageError
-from shardsched.train.model import GPT, GPTConfig
+from shardsched.models.gpt import GPT, GPTConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -17,12 +17,12 @@ class TrainConfig:
     seed: int = 0
     """Seeds the model initialisation and every batch."""
     model: str = "tiny"
-    """Model spec: a preset name ("tiny", ...) or a spec `shardsched.profile.models` parses."""
+    """Model spec: a preset name ("tiny", ...) or a spec `shardsched.models.spec` parses."""
     data: str | None = None
     """Text file of training bytes; None: the Python standard library's sources."""
     strategy: str | None = None
     """Strategy spec for make_plan; None: "auto", under --memory-budget or, without
-    one, under `plan.auto.default_budget`."""
+    one, under `solve.auto.default_budget`."""
     plan: str | None = None
     """Path of a plan.json to apply instead of making one."""
     memory_budget_bytes: int | None = None
@@ -57,7 +57,7 @@ class TrainConfig:
 
 def model_config(spec: str, *, seq: int) -> GPTConfig:
     """The GPTConfig a spec names, with room for `seq` positions and a byte vocabulary."""
-    from shardsched.profile.models import parse_model_spec
+    from shardsched.models.spec import parse_model_spec
     cfg = parse_model_spec(spec).config  # UsageError on a bad spec
     if cfg is None:
         raise UsageError(f"--model {spec}: training needs a GPT model (a preset or gpt:key=value,...)")

@@ -13,9 +13,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from shardsched.errors import UsageError
-from shardsched.plan.types import Plan
+from shardsched.core.types import Plan
 from shardsched.train.config import TrainConfig
-from shardsched.train.model import GPT
+from shardsched.models.gpt import GPT
 
 
 def share_from_rank0(make, *, mesh: DeviceMesh, rank: int):
@@ -48,7 +48,7 @@ def local_profile(cfg: TrainConfig, model: GPT, *, world: int):
     GPUs the analytic profile of the same config (the hooks time host-side
     launches, not kernels), which has the same layers and fingerprint."""
     from shardsched.cost.device import DEVICES
-    from shardsched.plan.types import Precision
+    from shardsched.core.types import Precision
     from shardsched.profile.analytic import analytic_profile
     from shardsched.profile.measure import measure_profile
     from shardsched.profile.resolve import compute_dtype
@@ -65,11 +65,11 @@ def make_local_plan(cfg: TrainConfig, model: GPT, *, world: int, link=None, prof
     """Plan this model for `world` workers of this machine (profiling it unless given).
 
     With neither --strategy nor --memory-budget (the embedded default) the plan
-    is automatic under `plan.auto.default_budget`, so the run shows a mixed plan."""
+    is automatic under `solve.auto.default_budget`, so the run shows a mixed plan."""
     from shardsched.cost.device import DEVICES, Cluster
-    from shardsched.plan.auto import default_budget
-    from shardsched.plan.build import make_plan
-    from shardsched.plan.types import Optimizer, Precision
+    from shardsched.solve.auto import default_budget
+    from shardsched.solve.build import make_plan
+    from shardsched.core.types import Optimizer, Precision
     precision = Precision(cfg.precision)
     profile = profile or local_profile(cfg, model, world=world)
     device = DEVICES[_device_preset()]

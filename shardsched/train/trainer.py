@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from shardsched._fmt import fmt_bytes
 from shardsched.errors import UsageError
-from shardsched.plan.types import Plan
+from shardsched.core.types import Plan
 from shardsched.train import checkpoint as ckpt
 from shardsched.train.data import TextData, check_divisible, get_batch, load_text
 from shardsched.train.config import TrainConfig, build_model

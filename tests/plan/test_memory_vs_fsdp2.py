@@ -11,11 +11,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from shardsched.cost.device import DEVICES, Cluster
-from shardsched.plan.build import make_plan
+from shardsched.solve.build import make_plan
 from shardsched.profile.measure import measure_profile
 from shardsched.runtime.memtrack import tracked_peak_bytes
 from shardsched.runtime.parallelize import parallelize
-from shardsched.train.model import GPT, GPTConfig
+from shardsched.models.gpt import GPT, GPTConfig
 
 CONFIGS = {
     # activation-heavy MLPs

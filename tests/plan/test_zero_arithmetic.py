@@ -3,7 +3,7 @@
 import pytest
 
 from shardsched.cost.device import DEVICES, Cluster
-from shardsched.plan.build import make_plan
+from shardsched.solve.build import make_plan
 from shardsched.profile.types import LayerProfile, Profile
 
 

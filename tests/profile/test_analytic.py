@@ -11,9 +11,9 @@ from shardsched.cost.device import DEVICES
 from shardsched.profile.analytic import analytic_profile, gpt_param_shapes
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.measure import measure_profile
-from shardsched.profile.models import PRESETS, build_gpt
+from shardsched.models.spec import PRESETS, build_gpt
 from shardsched.profile.types import Profile
-from shardsched.train.model import GPT, GPTConfig
+from shardsched.models.gpt import GPT, GPTConfig
 
 SWIGLU_RMS = GPTConfig(vocab=256, layers=3, hidden=128, heads=4, ffn=200, seq=128,
                        mlp="swiglu", norm="rmsnorm", bias=False, learned_pos=False)

@@ -10,7 +10,7 @@ import torch.nn as nn
 from shardsched.errors import UsageError
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.measure import measure_profile, resolve_layers
-from shardsched.profile.models import PRESETS, build_gpt, parse_model_spec
+from shardsched.models.spec import PRESETS, build_gpt, parse_model_spec
 from shardsched.profile.types import Profile
 
 torch.set_num_threads(1)

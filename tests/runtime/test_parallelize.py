@@ -9,10 +9,10 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from shardsched.errors import UsageError
-from shardsched.plan.types import Plan, Strategy, Unit
+from shardsched.core.types import Plan, Strategy, Unit
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.runtime.parallelize import parallelize
-from shardsched.train.model import GPT, GPTConfig
+from shardsched.models.gpt import GPT, GPTConfig
 
 CFG = GPTConfig(vocab=64, layers=2, hidden=32, heads=2, seq=16)
 

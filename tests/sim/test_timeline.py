@@ -3,7 +3,7 @@ import pytest
 
 from shardsched.cost.device import DeviceSpec, Cluster, Link
 from shardsched.cost.memory import state_bytes
-from shardsched.plan.types import Optimizer, Precision, Strategy
+from shardsched.core.types import Optimizer, Precision, Strategy
 from shardsched.sim.scenario import Scenario, UnitCost
 from shardsched.sim.simulate import simulate
 from shardsched.sim.timeline import replay

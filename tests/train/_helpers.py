@@ -8,7 +8,7 @@ import dataclasses
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from shardsched.plan.types import Plan, Strategy, Unit
+from shardsched.core.types import Plan, Strategy, Unit
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.train.data import get_batch, load_text
 from shardsched.train.config import TrainConfig, build_model

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from shardsched.cost.device import DEVICES, Cluster
-from shardsched.plan.auto import least_memory_peak
-from shardsched.plan.build import make_plan
-from shardsched.plan.types import Optimizer, Precision, Strategy
+from shardsched.solve.auto import least_memory_peak
+from shardsched.solve.build import make_plan
+from shardsched.core.types import Optimizer, Precision, Strategy
 from shardsched.profile.measure import measure_profile
 from shardsched.train.launcher import launch
 from shardsched.train.config import build_model

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from shardsched.cli import main
-from shardsched.plan.types import Plan
+from shardsched.core.types import Plan
 
 from ._helpers import TINY
 

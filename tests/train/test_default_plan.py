@@ -1,6 +1,6 @@
 """The embedded default (`shardsched train` with no arguments) plans
 automatically under a budget that forces a mixed plan, and says why."""
-from shardsched.plan.types import Strategy
+from shardsched.core.types import Strategy
 from shardsched.train.config import TrainConfig, build_model
 from shardsched.train.planning import make_local_plan
 

@@ -10,8 +10,8 @@ import itertools
 import math
 from typing import NamedTuple
 
-from shardsched.plan.candidates import Choice, Problem
-from shardsched.plan.types import Strategy
+from shardsched.solve.candidates import Choice, Problem
+from shardsched.core.types import Strategy
 from shardsched.sim.memory import step_memory
 from shardsched.sim.timeline import replay
 

@@ -7,16 +7,16 @@ import time
 import pytest
 
 from shardsched.cost.device import DEVICES, Cluster
-from shardsched.plan.auto import InfeasibleBudget, auto_plan
-from shardsched.plan.baselines import uniform_baselines
-from shardsched.plan.build import make_plan
-from shardsched.plan.candidates import candidate_problems
-from shardsched.plan.greedy import Evaluator, least_memory
+from shardsched.solve.auto import InfeasibleBudget, auto_plan
+from shardsched.solve.baselines import uniform_baselines
+from shardsched.solve.build import make_plan
+from shardsched.solve.candidates import candidate_problems
+from shardsched.solve.greedy import Evaluator, least_memory
 from shardsched.plan.spec import parse_strategy_spec
-from shardsched.plan.types import Optimizer, Plan, Precision, Strategy
+from shardsched.core.types import Optimizer, Plan, Precision, Strategy
 from shardsched.errors import UsageError
 from shardsched.profile.analytic import analytic_profile
-from shardsched.profile.models import PRESETS
+from shardsched.models.spec import PRESETS
 
 KW = dict(pins={}, precision=Precision.BF16_MIXED, optimizer=Optimizer.ADAM)
 CONFIGS = [("gpt2", 16, 8, "v100", 8, 1024), ("small", 8, 8, "cpu", 4, 256)]

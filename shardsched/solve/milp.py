@@ -38,9 +38,9 @@ import numpy as np
 
 from shardsched.cost.comm import Collective, collective_seconds
 from shardsched.cost.memory import shards
-from shardsched.plan.candidates import Choice, Problem
+from shardsched.solve.candidates import Choice, Problem
 from shardsched.plan.schedule import optimizer_seconds_per_param
-from shardsched.plan.types import Strategy
+from shardsched.core.types import Strategy
 
 FS, SGO, REP = Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP, Strategy.REPLICATE
 GiB = float(1 << 30)

@@ -1,6 +1,6 @@
 """Grouping candidates: which sequences of units the schedulers are asked to plan.
 
-The MILP (`plan.milp`) is indexed by compute steps, and the number of steps
+The MILP (`solve.milp`) is indexed by compute steps, and the number of steps
 depends on the grouping, so grouping is decided outside it: every candidate
 grouping below is scheduled (greedy, then MILP) and the fastest fitting one
 wins. Candidates (DESIGN.md, "Vocabulary": fusion and partitioning):
@@ -8,7 +8,7 @@ wins. Candidates (DESIGN.md, "Vocabulary": fusion and partitioning):
   has children, its children (tensor partitioning: gathering half a block at a
   time halves the transient buffer, which buys fit at tight budgets);
 - exhaustive: every composition of the atoms into consecutive units, when there
-  are few atoms (2^(k-1) groupings; this is what `plan.brute` enumerates);
+  are few atoms (2^(k-1) groupings; this is what `solve.brute` enumerates);
 - otherwise pruned: no fusion; fusion up to the block size (as `build.make_plan`
   does); fusion beyond it while the fused AllGather costs < 1.2x the largest
   part's (latency-bound messages, the DeepCompile / ZeRO++ bucket rule); a
@@ -24,7 +24,7 @@ from shardsched.cost.comm import Collective, block_size_bytes, collective_second
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
 from shardsched.plan.schedule import make_scenario
-from shardsched.plan.types import Optimizer, Precision, Strategy
+from shardsched.core.types import Optimizer, Precision, Strategy
 from shardsched.plan.units import unit_cost
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.sim.scenario import Scenario, UnitCost

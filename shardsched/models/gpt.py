@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from shardsched.train.gpt_config import GPTConfig  # noqa: F401  (re-exported)
+from shardsched.models.gpt_config import GPTConfig  # noqa: F401  (re-exported)
 
 
 def _norm(cfg: GPTConfig) -> nn.Module:

@@ -7,14 +7,14 @@ import random
 import pytest
 
 from shardsched.cost.device import DEVICES, Cluster
-from shardsched.plan import milp
-from shardsched.plan.auto import auto_plan
-from shardsched.plan.baselines import score
-from shardsched.plan.brute import brute_all
-from shardsched.plan.candidates import Choice, candidate_problems
-from shardsched.plan.greedy import Evaluator, greedy, least_memory
+from shardsched.solve import milp
+from shardsched.solve.auto import auto_plan
+from shardsched.solve.baselines import score
+from shardsched.solve.brute import brute_all
+from shardsched.solve.candidates import Choice, candidate_problems
+from shardsched.solve.greedy import Evaluator, greedy, least_memory
 from shardsched.plan.spec import parse_strategy_spec
-from shardsched.plan.types import Optimizer, Precision, Strategy
+from shardsched.core.types import Optimizer, Precision, Strategy
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.sim.memory import step_memory
 from shardsched.sim.timeline import replay

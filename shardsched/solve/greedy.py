@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardsched.plan.candidates import Choice, Problem
-from shardsched.plan.milp import FS, REP, SGO, costs_of
+from shardsched.solve.candidates import Choice, Problem
+from shardsched.solve.milp import FS, REP, SGO, costs_of
 from shardsched.sim.timeline import replay
 
 PER_AG_HOIST_UNITS = 40

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from shardsched.errors import UsageError
-from shardsched.profile.models import PRESETS, build_gpt, parse_model_spec
-from shardsched.train.model import GPTConfig
+from shardsched.models.spec import PRESETS, build_gpt, parse_model_spec
+from shardsched.models.gpt import GPTConfig
 
 
 def test_presets():

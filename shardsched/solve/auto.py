@@ -1,10 +1,10 @@
 """`--strategy auto`: per-unit strategies, grouping and AllGather launch points.
 
 Pipeline (all judged by the simulator, `sim.simulate`, the ground truth):
-  1. baselines: every uniform strategy as `make_plan` plans it (`plan.baselines`);
-  2. grouping candidates (`plan.candidates`), each scheduled greedily
-     (`plan.greedy`, DeepCompile-style): always feasible when anything is;
-  3. the MILP (`plan.milp`, HiGHS) on the most promising groupings, warm-started
+  1. baselines: every uniform strategy as `make_plan` plans it (`solve.baselines`);
+  2. grouping candidates (`solve.candidates`), each scheduled greedily
+     (`solve.greedy`, DeepCompile-style): always feasible when anything is;
+  3. the MILP (`solve.milp`, HiGHS) on the most promising groupings, warm-started
      from the best schedule of that grouping: cold, big-M deadlines give weak LP
      bounds and HiGHS did worse than greedy in 60 s on 2,000-8,000 binaries;
      warm-started it proved optimality in 0.3-2.2 s;
@@ -19,12 +19,12 @@ import time
 from shardsched._fmt import fmt_bytes
 from shardsched.cost.device import Cluster
 from shardsched.errors import UsageError
-from shardsched.plan import milp
-from shardsched.plan.baselines import Scored, score, uniform_baselines
-from shardsched.plan.candidates import Problem, candidate_problems, finest_problem
-from shardsched.plan.greedy import greedy, least_memory
+from shardsched.solve import milp
+from shardsched.solve.baselines import Scored, score, uniform_baselines
+from shardsched.solve.candidates import Problem, candidate_problems, finest_problem
+from shardsched.solve.greedy import greedy, least_memory
 from shardsched.plan.spec import StrategySpec
-from shardsched.plan.types import Optimizer, Plan, Precision, SolverInfo, Strategy
+from shardsched.core.types import Optimizer, Plan, Precision, SolverInfo, Strategy
 from shardsched.profile.types import Profile
 from shardsched.sim.memory import step_memory
 
@@ -97,7 +97,7 @@ def _milp_pool(pool: list[Scored], *, budget: int, deadline: float, notes: list)
 def auto_plan(profile: Profile, cluster: Cluster, *, spec: StrategySpec, precision: Precision,
               optimizer: Optimizer, memory_budget_bytes: int | None, time_limit: float = 10.0) -> Plan:
     """The fastest plan that fits `memory_budget_bytes` (default: device memory)."""
-    from shardsched.plan.build import plan_from_scenario  # build imports us on demand
+    from shardsched.solve.build import plan_from_scenario  # build imports us on demand
 
     t0 = time.perf_counter()
     budget = memory_budget_bytes if memory_budget_bytes is not None else cluster.device.memory_bytes
@@ -137,7 +137,7 @@ def default_budget(profile: Profile, cluster: Cluster, *, precision: Precision, 
     everywhere can take (no prefetch): neither replicate nor shard_grad_op fits
     everywhere, so some units must be fully sharded while others need not be,
     and the plan shows the trade-off (the budget of `shardsched train`'s default)."""
-    from shardsched.plan.build import make_plan
+    from shardsched.solve.build import make_plan
 
     least = least_memory_peak(profile, cluster, precision=precision, optimizer=optimizer)
     sgo = min(make_plan(profile, cluster, strategy="shard_grad_op", precision=precision, optimizer=optimizer,

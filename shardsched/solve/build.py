@@ -2,7 +2,7 @@
 
 Uniform and override specs are planned here directly (block-size fusion,
 FSDP2's default one-ahead prefetch). "auto" is delegated to the MILP planner
-(`plan.auto`), which searches strategies, grouping and launch points together.
+(`solve.auto`), which searches strategies, grouping and launch points together.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
 from shardsched.plan.schedule import make_scenario, units_with_schedule
 from shardsched.plan.spec import parse_strategy_spec
-from shardsched.plan.types import Optimizer, Plan, Precision, SolverInfo, Strategy
+from shardsched.core.types import Optimizer, Plan, Precision, SolverInfo, Strategy
 from shardsched.plan.units import group_layers, unit_cost
 from shardsched.profile.types import Profile
 from shardsched.sim.scenario import Scenario, default_launch
@@ -28,7 +28,7 @@ def make_plan(profile: Profile, cluster: Cluster, *, strategy: str = "full_shard
     precision, optimizer = Precision(precision), Optimizer(optimizer)
     spec = parse_strategy_spec(strategy)
     if spec.auto:
-        from shardsched.plan.auto import auto_plan  # the MILP is heavier: import on demand
+        from shardsched.solve.auto import auto_plan  # the MILP is heavier: import on demand
         return auto_plan(profile, cluster, spec=spec, precision=precision, optimizer=optimizer,
                          memory_budget_bytes=memory_budget_bytes, time_limit=time_limit)
     t0 = time.perf_counter()

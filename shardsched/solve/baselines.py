@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from shardsched.cost.device import Cluster
-from shardsched.plan.candidates import Choice, Problem, block_params, problem_for
-from shardsched.plan.types import Optimizer, Precision, Strategy
+from shardsched.solve.candidates import Choice, Problem, block_params, problem_for
+from shardsched.core.types import Optimizer, Precision, Strategy
 from shardsched.plan.units import group_layers
 from shardsched.profile.types import Profile
 from shardsched.sim.memory import step_memory

@@ -1,7 +1,7 @@
 """The Plan: units, strategies, schedule, predictions, and how it was solved.
 
-Plain frozen data, kept apart from the code that makes it (`plan.build`,
-`plan.milp`, `plan.greedy`) and the code that applies it (`runtime.parallelize`).
+Plain frozen data, kept apart from the code that makes it (`solve.build`,
+`solve.milp`, `solve.greedy`) and the code that applies it (`runtime.parallelize`).
 Its JSON keys are a contract other tools read (../shared/DESIGN.md, "Contracts").
 """
 from __future__ import annotations

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from shardsched.errors import UsageError
-from shardsched.train.gpt_config import GPTConfig
+from shardsched.models.gpt_config import GPTConfig
 
 if TYPE_CHECKING:
-    from shardsched.train.model import GPT
+    from shardsched.models.gpt import GPT
 
 PRESETS: dict[str, GPTConfig] = {
     # The default training model: byte-level, fast on 2 CPU cores.
@@ -159,7 +159,7 @@ def build_gpt(config: GPTConfig, *, micro_batch: int, seq: int, seed: int = 0) -
         raise UsageError(f"seq={seq} exceeds the model's position table ({config.seq})")
     import torch  # here, not at the top: analytic planning never needs torch
 
-    from shardsched.train.model import GPT
+    from shardsched.models.gpt import GPT
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

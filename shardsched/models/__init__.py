@@ -1,0 +1,1 @@
+"""The model zoo and `--model` specs: the small GPT, its torch-free config, presets."""
