@@ -59,15 +59,18 @@ class ModelSpec:
     """A GPT config: profile analytically or build with `build_gpt`."""
     builder: Callable[[], tuple[Any, tuple]] | None = None
     """Zero-argument callable returning (model, example_inputs); model(*inputs) is the loss."""
+    text_lm: bool = False
+    """`model(idx, targets)` with byte tokens idx, targets of shape (batch, seq) returns the
+    loss, so `train` can feed it the text corpus (presets, `gpt:`, and `hf:` language models)."""
 
 
 def parse_model_spec(spec: str) -> ModelSpec:
     """Resolve a `--model` string; raise UsageError (one line) if it is not one of the accepted forms."""
     spec = spec.strip()
     if spec in PRESETS:
-        return ModelSpec(name=spec, config=PRESETS[spec])
+        return ModelSpec(name=spec, config=PRESETS[spec], text_lm=True)
     if spec.startswith("gpt:"):
-        return ModelSpec(name=spec, config=_parse_gpt(spec[len("gpt:"):]))
+        return ModelSpec(name=spec, config=_parse_gpt(spec[len("gpt:"):]), text_lm=True)
     if spec.startswith("python:"):
         return ModelSpec(name=spec, builder=_python_builder(spec[len("python:"):]))
     raise UsageError(f"unknown model {spec!r}: accepted: {ACCEPTED}")
