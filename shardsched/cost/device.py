@@ -9,7 +9,7 @@ model-FLOPs-utilisation factor (`mfu`) rather than peak.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 GiB = 1 << 30
 
@@ -43,6 +43,9 @@ class DeviceSpec:
     dispatch in the optimizer). Hidden behind asynchronous kernels on GPUs; on
     CPU it is paid in line: ~3 ms per unit measured here (tiny GPT, 6 units,
     world 1: 67 ms per step under fully_shard vs 49 ms plain)."""
+    efficiency: dict[str, float] = field(default_factory=dict)
+    """Fraction of `peak_flops` reached per op class ("matmul", "attention", ...),
+    as fitted on a machine by `shardsched profile`; a class not listed runs at `mfu`."""
     overlap: bool = True
     """Whether communication runs beside compute. NCCL collectives run on their
     own CUDA streams (FSDP2's all-gather and reduce-scatter streams), so they
@@ -52,6 +55,10 @@ class DeviceSpec:
     @property
     def flops(self) -> float:
         return self.peak_flops * self.mfu
+
+    def compute_seconds(self, flops_by_class: dict[str, float]) -> float:
+        """Time of the given FLOPs, each op class at its own efficiency."""
+        return sum(f / (self.peak_flops * self.efficiency.get(c, self.mfu)) for c, f in flops_by_class.items())
 
 
 DEVICES: dict[str, DeviceSpec] = {
