@@ -109,3 +109,32 @@ class Cluster:
     def local(self) -> int:
         """Workers per node actually used (world may be smaller than a node)."""
         return min(self.world, self.gpus_per_node)
+
+
+# ---------------------------------------------------------------- cluster files
+
+CLUSTER_FILE_VERSION = 1
+
+
+def cluster_file_text(device: DeviceSpec, *, fit: dict | None = None) -> str:
+    """A cluster file (`shardsched profile --out cluster.json`): the device spec
+    fitted on a machine, plus how well the fit matched (`fit`: free-form errors)."""
+    import json
+
+    from shardsched._json import to_dict
+    return json.dumps({"version": CLUSTER_FILE_VERSION, "device": to_dict(device), "fit": fit or {}}, indent=1)
+
+
+def read_cluster_file(path: str) -> DeviceSpec:
+    """The DeviceSpec a cluster file holds; UsageError (one line) on anything malformed."""
+    import json
+
+    from shardsched._json import from_dict
+    from shardsched.errors import UsageError
+    try:
+        data = json.loads(open(path, encoding="utf-8").read())
+        if not isinstance(data, dict) or data.get("version") != CLUSTER_FILE_VERSION:
+            raise ValueError(f"no 'version': {CLUSTER_FILE_VERSION}")
+        return from_dict(DeviceSpec, data["device"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as e:
+        raise UsageError(f"--cluster {path}: not a cluster file from 'shardsched profile --out' ({e})") from None

@@ -30,6 +30,9 @@ class LayerProfile:
     """Transient bytes while the layer computes, beyond what it retains: its
     backward materialises gradients of its largest saved tensors (about two of
     the largest one). 0 = unknown (the planner then assumes half its activations)."""
+    input_bytes: int = 0
+    """Bytes of the layer's forward inputs: what a checkpointed layer keeps for its
+    backward instead of `activation_bytes` (it recomputes the rest). 0 = unknown."""
     children: tuple["LayerProfile", ...] = ()
     """Parameter-holding children, for tensor partitioning of a large layer."""
 
