@@ -7,7 +7,6 @@ profiled, not only our GPT.
 from __future__ import annotations
 
 import copy
-import statistics
 import time
 import warnings
 from collections import defaultdict
@@ -17,117 +16,45 @@ import torch
 import torch.nn as nn
 
 from shardsched.errors import UsageError
+from shardsched.profile import layers as L
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 
 
 # ---------------------------------------------------------------- layers
 
-def _owns_params(module: nn.Module) -> bool:
-    return next(module.parameters(), None) is not None
-
-
-def _candidate_layers(root: nn.Module) -> list[str]:
-    """Atomic layers, in registration order.
-
-    Rule: the outermost parameter-holding modules that are children of a
-    container (ModuleList / Sequential / ModuleDict) or of the root; containers
-    are looked through. A parameter-free wrapper whose children include such a
-    container (e.g. HF's `transformer` holding `h`) is looked through too, else
-    the whole transformer would be one layer. Why outermost: the planner never
-    splits below a layer's parameter-holding children, and the children are
-    profiled too, so a large layer can still be partitioned.
-    Parameters the root owns directly form a layer named "" (only if any).
-    """
-    names = [""] if next(root.parameters(recurse=False), None) is not None else []
-    _collect(root, "", names)
-    return names
-
-
-def _collect(module: nn.Module, prefix: str, out: list[str]) -> None:
-    for child_name, child in module.named_children():
-        path = f"{prefix}{child_name}"
-        if isinstance(child, _CONTAINERS) or _is_wrapper(child):
-            _collect(child, path + ".", out)
-        elif _owns_params(child):
-            out.append(path)
-
-
-def _is_wrapper(module: nn.Module) -> bool:
-    """No parameters of its own, and a container child with >= 2 parameter-holding entries."""
-    if next(module.parameters(recurse=False), None) is not None:
-        return False
-    return any(isinstance(c, _CONTAINERS) and sum(_owns_params(g) for g in c.children()) >= 2
-               for c in module.children())
-
-
-def _execution_order(model: nn.Module, names: list[str], inputs: tuple) -> list[str]:
-    """Sort layers by the moment their forward first starts (one forward pass,
-    no grad); layers never called keep their registration order at the end."""
+def _run_order(model: nn.Module, names: list[str], inputs: tuple) -> list[str]:
+    """Layers whose forward ran, in the order they first started (one no-grad forward)."""
     modules = dict(model.named_modules())
-    first: dict[str, int] = {}
+    first: list[str] = []
 
     def seen(name: str):
         def hook(module, args) -> None:  # must return None: a value would replace the inputs
-            first.setdefault(name, len(first))
+            if name not in first:
+                first.append(name)
         return hook
 
-    handles = [modules[n].register_forward_pre_hook(seen(n)) for n in names if n]
+    handles = [modules[n].register_forward_pre_hook(seen(n)) for n in names]
     try:
         with torch.no_grad():
             model(*inputs)
     finally:
         for h in handles:
             h.remove()
-    if "" in names:
-        first[""] = -1  # the root's forward starts before any child's
-    return sorted(names, key=lambda n: (n not in first, first.get(n, 0), names.index(n)))
+    return first
+
+
+def assignment(model: nn.Module, inputs: tuple, layers: Sequence[str] | None = None) -> L.Assignment:
+    """Layers (given, `model.layer_names()` or discovered; profile.layers) in execution order, owners of params."""
+    names = [n for n in L.candidates(model, layers) if n != L.ROOT]
+    return L.assign(model, names, _run_order(model, names, inputs))
 
 
 def resolve_layers(model: nn.Module, inputs: tuple, layers: Sequence[str] | None = None) -> list[str]:
-    """Layer paths in execution order: given, `model.layer_names()`, or discovered."""
-    if layers is None and callable(getattr(model, "layer_names", None)):
-        layers = list(model.layer_names())
-    if layers is None:
-        return _execution_order(model, _candidate_layers(model), inputs)
-    modules = dict(model.named_modules())
-    for n in layers:
-        if n not in modules:
-            raise UsageError(f"unknown layer {n!r}: not a module path of the model")
-    for a in layers:
-        for b in layers:
-            if a != b and b.startswith(a + ".") and a:
-                raise UsageError(f"layers {a!r} and {b!r} overlap: a layer cannot contain another")
-    return list(layers)
-
-
-def _param_children(model: nn.Module, layer: str) -> list[str]:
-    module = model.get_submodule(layer)
-    prefix = f"{layer}." if layer else ""
-    return [prefix + n for n, c in module.named_children() if _owns_params(c)]
-
-
-def _owner(name: str, paths: Sequence[str]) -> str | None:
-    """Longest path that is `name`'s module or an ancestor of it ("" owns everything)."""
-    best = None
-    for p in paths:
-        if p == "" or name.startswith(p + "."):
-            if best is None or len(p) > len(best):
-                best = p
-    return best
-
-
-def _param_counts(model: nn.Module, paths: Sequence[str]) -> dict[str, int]:
-    """Parameters per path; named_parameters() yields a shared parameter once, so it counts once."""
-    counts = dict.fromkeys(paths, 0)
-    for name, p in model.named_parameters():
-        owner = _owner(name, paths)
-        if owner is not None:
-            counts[owner] += p.numel()
-    return counts
+    """Layer paths in execution order, the root "" first when it owns parameters."""
+    return assignment(model, inputs, layers).layers
 
 
 # ---------------------------------------------------------------- hooks
@@ -150,6 +77,7 @@ class _Hooks:
         self.parent = {c: layer for layer, cs in children.items() for c in cs}
         self.first_seen: dict[str, int] = {}
         self.handles = []
+        self.first_layer = next((n for n in layers if n), layers[0])
         for name in [n for n in layers if n] + list(self.parent):
             self._attach(model.get_submodule(name), name)
         self.reset()
@@ -199,7 +127,7 @@ class _Hooks:
         ran last, or the first layer before any ran: its output feeds the next
         layer but it is allocated in the previous one's wake."""
         layer = next((n for n, _ in reversed(self.stack) if n in self.layer_set), None)
-        layer = layer or self.last_layer or self.layers[0]
+        layer = layer or self.last_layer or self.first_layer
         child = next((n for n, _ in reversed(self.stack) if self.parent.get(n) == layer), None)
         return layer, child
 
@@ -261,7 +189,8 @@ def _measure_activations(model: nn.Module, inputs: tuple, hooks: _Hooks) -> tupl
 
 
 def _timed_steps(model: nn.Module, inputs: tuple, hooks: _Hooks, *, repeats: int, warmup: int):
-    """Per-module forward and backward seconds, median over `repeats` steps after `warmup`."""
+    """Per-module forward and backward seconds: the minimum over `repeats` steps after
+    `warmup` (the least disturbed run; a median still moves with the machine's load)."""
     fwd_runs, bwd_runs = defaultdict(list), defaultdict(list)
     for i in range(warmup + repeats):
         hooks.reset()
@@ -277,8 +206,13 @@ def _timed_steps(model: nn.Module, inputs: tuple, hooks: _Hooks, *, repeats: int
             for name in hooks.first_seen:
                 fwd_runs[name].append(hooks.fwd.get(name, 0.0))
                 bwd_runs[name].append(hooks.bwd.get(name, 0.0))
-    med = lambda runs: {n: statistics.median(v) for n, v in runs.items()}  # noqa: E731
-    return med(fwd_runs), med(bwd_runs)
+    best = lambda runs: {n: stable(min(v)) for n, v in runs.items()}  # noqa: E731
+    return best(fwd_runs), best(bwd_runs)
+
+
+def stable(seconds: float, digits: int = 2) -> float:
+    """Round to `digits` significant figures, so jitter below that cannot change a plan."""
+    return float(f"{seconds:.{digits - 1}e}") if seconds > 0 else 0.0
 
 
 def _tensors(inputs: Any) -> list[torch.Tensor]:
@@ -317,8 +251,9 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
     inputs = tuple(example_inputs)
     fp = fingerprint(model)
     run_model, run_inputs = _in_dtype(model, inputs, compute_dtype)
-    names = resolve_layers(run_model, run_inputs, layers)
-    children = {n: _param_children(run_model, n) for n in names}
+    asg = assignment(run_model, run_inputs, layers)
+    names = asg.layers
+    children = {n: L.param_children(run_model, n) for n in names}
     saved_grads = {p: p.grad for p in run_model.parameters()}
     hooks = _Hooks(run_model, names, children)
     try:
@@ -328,26 +263,26 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
         hooks.remove()
         for p, g in saved_grads.items():
             p.grad = g
-    counts = _param_counts(run_model, names)
 
-    def lp(n: str, params: int, kids: tuple = ()) -> LayerProfile:
-        return LayerProfile(name=n, params=params, forward_seconds=fwd.get(n, 0.0),
-                            backward_seconds=bwd.get(n, 0.0), activation_bytes=acts.get(n, 0),
-                            workspace_bytes=2 * largest.get(n, 0), children=kids)
+    def lp(n: str, params: list, kids: tuple = ()) -> LayerProfile:
+        return LayerProfile(name=n, params=sum(p.numel() for p in params), dims=L.dims(params),
+                            forward_seconds=fwd.get(n, 0.0), backward_seconds=bwd.get(n, 0.0),
+                            activation_bytes=acts.get(n, 0), workspace_bytes=2 * largest.get(n, 0), children=kids)
 
     order = lambda cs: sorted(cs, key=lambda c: hooks.first_seen.get(c, len(hooks.first_seen)))  # noqa: E731
     profiles = []
     for n in names:
-        child_counts = _param_counts(run_model, children[n])
-        profiles.append(lp(n, counts[n], tuple(lp(c, child_counts[c]) for c in order(children[n]))))
-    micro_batch, seq = _batch_and_seq(inputs)
+        kids = tuple(lp(c, list({id(p): p for p in run_model.get_submodule(c).parameters()}.values()))
+                     for c in order(children[n]))
+        profiles.append(lp(n, asg.params[n], kids))
+    micro_batch, seq = batch_and_seq(inputs)
     return Profile(model=name, layers=tuple(profiles), fingerprint=fp, compute_dtype=compute_dtype,
                    micro_batch=micro_batch, seq=seq, input_bytes=sum(t.nbytes for t in _tensors(inputs)),
-                   source="measured", extra={"torch": torch.__version__, "threads": torch.get_num_threads(),
+                   source="measured", tied=asg.tied, extra={"torch": torch.__version__, "threads": torch.get_num_threads(),
                                              "repeats": repeats, "warmup": warmup})
 
 
-def _batch_and_seq(inputs: tuple) -> tuple[int, int]:
+def batch_and_seq(inputs: tuple) -> tuple[int, int]:
     """(batch, seq) from a 2-D integer first input (token ids), else (1, 0)."""
     first = inputs[0] if inputs else None
     if isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point():

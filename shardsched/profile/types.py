@@ -1,8 +1,10 @@
 """Profile: what the planner knows about a model, layer by layer.
 
-A profile is measured (`profile.measure`) on this machine or derived analytically
-(`profile.analytic`) from a transformer config and a device spec. Either way it is
-the same frozen, JSON-round-tripping data.
+A profile is traced on fake tensors (`profile.trace`, the default for code), measured
+on this machine (`profile.measure`, an option) or derived analytically
+(`profile.analytic`) from a GPT config and a device spec. Either way it is the same
+frozen, JSON-round-tripping data. The layer "" is the root unit (parameters no
+layer owns, tied sets spanning layers).
 """
 from __future__ import annotations
 
@@ -35,6 +37,18 @@ class LayerProfile:
     backward instead of `activation_bytes` (it recomputes the rest). 0 = unknown."""
     children: tuple["LayerProfile", ...] = ()
     """Parameter-holding children, for tensor partitioning of a large layer."""
+    dims: tuple[tuple[int, int], ...] = ()
+    """(dim-0 size, numel) of each parameter the layer owns: FSDP2 pads every
+    parameter's dim 0 to a multiple of the shard count. Empty = unknown (the
+    memory model then rounds the layer's total up instead)."""
+    forward_flops: dict[str, float] = field(default_factory=dict)
+    """Traced forward FLOPs per op class ("matmul", "attention", "conv")."""
+    backward_flops: dict[str, float] = field(default_factory=dict)
+    """Traced backward FLOPs per op class."""
+    forward_moved_bytes: int = 0
+    """Bytes read and written by the forward's memory-bound ops (no FLOPs counted)."""
+    backward_moved_bytes: int = 0
+    """Bytes read and written by the backward's memory-bound ops."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +70,11 @@ class Profile:
     input_bytes: int = 0
     """Bytes of the example inputs (tokens, targets) held through the step."""
     source: str = "analytic"
-    """"measured" or "analytic"."""
+    """"traced", "measured" or "analytic"."""
+    tied: tuple[tuple[str, ...], ...] = ()
+    """Tied sets: the names of each parameter reachable by more than one name
+    (tied embeddings). Each lives whole in one layer, or in the root layer "",
+    and is counted once (profile/layers.py, [Note: the root unit and tied parameters])."""
     extra: dict = field(default_factory=dict)
     """Free-form provenance (device, config)."""
 

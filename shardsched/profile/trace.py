@@ -1,0 +1,441 @@
+"""Traced profiles: exact bytes and FLOPs per layer on fake tensors, no memory, no noise.
+
+The model's parameters and buffers are swapped for fake CPU tensors
+(`FakeTensorMode`, `torch.func.functional_call`, ties preserved), one forward and
+backward run, and every op is attributed to the layer (and child) running it:
+- forward: module pre/post hooks keep a stack of running layers;
+- backward: every autograd node a torch function creates in forward is tagged with
+  its layer (`Node.metadata`), and backward ops read the tag of the node being
+  evaluated (`torch._C._current_autograd_node`); untagged nodes (inside composite
+  ops, AccumulateGrad) belong to the last tagged one;
+- saved activations: `saved_tensors_hooks`, each storage once, parameters, buffers
+  and example inputs excluded (they are persistent state or `Profile.input_bytes`);
+- FLOPs: `FlopCounterMode`'s formulas per op class; ops with no formula are
+  memory-bound and counted by the bytes they read and write.
+Seconds = `DeviceSpec.compute_seconds(flops per class)` + moved bytes / memory
+bandwidth. Same model, inputs and device -> the same profile, bit for bit.
+
+Fake CPU tensors dispatch as CPU kernels do (SDPA's CPU flash kernel saves the
+output and a logsumexp, not an s x s matrix), so activations match FSDP2 on CPU
+exactly; GPU kernels may save slightly different tensors (e.g. fused RMSNorm).
+"""
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from typing import Any, Sequence
+
+import torch
+import torch.nn as nn
+import torch.utils.flop_counter as fc
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.overrides import TorchFunctionMode
+
+from shardsched.cost.device import DeviceSpec
+from shardsched.errors import UsageError
+from shardsched.profile import layers as L
+from shardsched.profile.fingerprint import fingerprint
+from shardsched.profile.types import LayerProfile, Profile
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_TAG = "shardsched_layer"
+_PRE = "<before>"
+_aten = torch.ops.aten
+_CLASSES = {
+    "matmul": {_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm, _aten._scaled_mm},
+    "conv": {_aten.convolution, _aten._convolution, _aten.convolution_backward, _aten.cudnn_convolution,
+             _aten._slow_conv2d_forward, _aten.convolution_overrideable},
+}
+
+
+def _op_class(packet) -> str:
+    return next((c for c, ops in _CLASSES.items() if packet in ops), "attention")
+
+
+def _cpu_flash(query, key, value, *args, out_val=None, **kwargs) -> int:
+    return fc.sdpa_flop_count(query, key, value)
+
+
+def _cpu_flash_backward(grad_out, query, key, value, *args, out_val=None, **kwargs) -> int:
+    return fc.sdpa_backward_flop_count(grad_out, query, key, value)
+
+
+_CUSTOM = {_aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash,
+           _aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward}
+
+
+class _Stats:
+    """Per key (a layer or child path): what its forward and backward cost."""
+
+    def __init__(self):
+        self.flops = {ph: defaultdict(lambda: defaultdict(float)) for ph in ("fwd", "bwd")}
+        self.moved = {ph: defaultdict(int) for ph in ("fwd", "bwd")}
+        self.acts: dict[str, int] = defaultdict(int)
+        self.largest: dict[str, int] = defaultdict(int)
+        self.inputs: dict[str, int] = defaultdict(int)
+
+
+class _Tracer:
+    """Who runs now, in forward (hook stack) and backward (node tags)."""
+
+    def __init__(self, model: nn.Module, layers: list[str], children: dict[str, list[str]]):
+        self.layer_set = set(layers)
+        self.parent = {c: lay for lay, cs in children.items() for c in cs}
+        self.stack: list[str] = []
+        self.ran: list[str] = []
+        self.kids_ran: list[str] = []
+        self.last: str | None = None
+        self.bwd_key: tuple[str, ...] = ()
+        self.stats = _Stats()
+        self.handles = []
+        for name in [*layers, *self.parent]:
+            self._attach(model.get_submodule(name), name)
+
+    def _attach(self, module: nn.Module, name: str) -> None:
+        def pre(m, args, kwargs):
+            if name in self.layer_set:
+                if name not in self.ran:
+                    self.ran.append(name)
+                    self.stats.inputs[name] = _nbytes(_tensors((args, kwargs)))
+                self.last = name
+            elif name not in self.kids_ran:
+                self.kids_ran.append(name)
+            self.stack.append(name)
+
+        def post(m, args, kwargs, out):
+            self.stack.pop()
+
+        self.handles += [module.register_forward_pre_hook(pre, with_kwargs=True),
+                         module.register_forward_hook(post, with_kwargs=True)]
+
+    def forward_key(self) -> tuple[str, ...]:
+        """(layer, child) running now; outside every layer: the last layer run, or
+        `_PRE` (folded into the first layer) before any ran."""
+        layer = next((n for n in reversed(self.stack) if n in self.layer_set), None) or self.last or _PRE
+        child = next((n for n in reversed(self.stack) if self.parent.get(n) == layer), None)
+        return (layer,) if child is None else (layer, child)
+
+    def key(self) -> tuple[tuple[str, ...], str]:
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return self.forward_key(), "fwd"
+        tag = node.metadata.get(_TAG)
+        if tag is not None:
+            self.bwd_key = tag
+        return self.bwd_key or self.forward_key(), "bwd"
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+class _Tagger(TorchFunctionMode):
+    """Tags each autograd node created in forward with the layer that created it."""
+
+    def __init__(self, tracer: _Tracer):
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if torch._C._current_autograd_node() is None:
+            for t in _tensors(out):
+                if t.grad_fn is not None and _TAG not in t.grad_fn.metadata:
+                    t.grad_fn.metadata[_TAG] = self.tracer.forward_key()
+        return out
+
+
+class _Counter(fc.FlopCounterMode):
+    """FlopCounterMode that also attributes each op to the running layer."""
+
+    def __init__(self, tracer: _Tracer):
+        super().__init__(display=False, custom_mapping=_CUSTOM)
+        self.tracer = tracer
+
+    def _count_flops(self, func_packet, out, args, kwargs):
+        keys, phase = self.tracer.key()
+        st = self.tracer.stats
+        if func_packet in self.flop_registry:
+            flops = self.flop_registry[func_packet](*args, **kwargs, out_val=out)
+            for k in keys:
+                st.flops[phase][k][_op_class(func_packet)] += flops
+        else:
+            outs, ins = _tensors(out), _tensors((args, kwargs))
+            in_keys = {_storage_key(t) for t in ins}
+            if any(_storage_key(t) not in in_keys for t in outs):  # a fresh result: not a view or in-place
+                for k in keys:
+                    st.moved[phase][k] += _nbytes(ins) + _nbytes(outs)
+        return out
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for v in x for t in _tensors(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in _tensors(v)]
+    if hasattr(x, "to_tuple") and callable(x.to_tuple):  # HF ModelOutput
+        return _tensors(x.to_tuple())
+    return []
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _nbytes(ts: list[torch.Tensor]) -> int:
+    """Bytes of distinct storages among `ts`."""
+    seen: dict[int, int] = {}
+    for t in ts:
+        seen.setdefault(_storage_key(t), t.untyped_storage().nbytes())
+    return sum(seen.values())
+
+
+# ---------------------------------------------------------------- fake copies
+
+def _fake_like(t: torch.Tensor, dtype: torch.dtype, mode: FakeTensorMode) -> torch.Tensor:
+    """An empty fake CPU tensor of `t`'s shape (floating tensors in the compute dtype)."""
+    with mode:
+        return torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device="cpu",
+                           requires_grad=isinstance(t, nn.Parameter) and t.requires_grad)
+
+
+def _fake_state(model: nn.Module, dtype: torch.dtype, mode: FakeTensorMode) -> dict[str, torch.Tensor]:
+    """Fake parameters and buffers by name; a tensor reached by two names gets one fake."""
+    by_id: dict[int, torch.Tensor] = {}
+    state = {}
+    items = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    for name, t in items:
+        if id(t) not in by_id:
+            by_id[id(t)] = _fake_like(t, dtype, mode)
+        state[name] = by_id[id(t)]
+    return state
+
+
+def _fake_inputs(inputs: tuple, dtype: torch.dtype, mode: FakeTensorMode) -> tuple:
+    return tuple(_fake_like(x, dtype, mode) if isinstance(x, torch.Tensor) else x for x in inputs)
+
+
+def loss_of(out: Any) -> torch.Tensor:
+    """The scalar loss a model's forward returns; UsageError (one line) otherwise."""
+    loss = out.loss if hasattr(out, "loss") and not isinstance(out, torch.Tensor) else out
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
+        got = type(out).__name__ if not isinstance(out, torch.Tensor) else f"a tensor of shape {tuple(out.shape)}"
+        raise UsageError(f"model(*example_inputs) must return the scalar loss, got {got}; "
+                         f"accepted: a builder whose model returns its loss")
+    return loss.reshape(())
+
+
+# ---------------------------------------------------------------- the trace
+
+def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtype: torch.dtype) -> _Tracer:
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    state = _fake_state(model, dtype, mode)
+    fake_inputs = _fake_inputs(inputs, dtype, mode)
+    exclude = {_storage_key(t) for t in [*state.values(), *_tensors(fake_inputs)]}
+    tracer = _Tracer(model, names, children)
+    kept: list[torch.Tensor] = []  # keep saved storages alive: no StorageImpl reuse while we dedupe
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        k = _storage_key(t)
+        if k not in exclude:
+            exclude.add(k)
+            kept.append(t)
+            nbytes = t.untyped_storage().nbytes()
+            for key in tracer.forward_key():
+                tracer.stats.acts[key] += nbytes
+                tracer.stats.largest[key] = max(tracer.stats.largest[key], nbytes)
+        return t
+
+    try:
+        with mode, _Counter(tracer), _Tagger(tracer), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                loss = loss_of(torch.func.functional_call(model, state, fake_inputs, tie_weights=True))
+            loss.backward()
+    except UsageError:
+        raise
+    except Exception as e:  # data-dependent ops and the like: the model cannot be traced
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"cannot trace the model on fake tensors ({type(e).__name__}: {msg[:200]}); "
+                         f"accepted: --measure to time it on this machine instead") from None
+    finally:
+        tracer.remove()
+    return tracer
+
+
+# ---------------------------------------------------------------- repeated blocks
+# [Note: one trace per repeated block]
+# Fake tensors cost ~0.5 ms per op, so the 80 blocks of Llama-2-70B would take
+# ~15 s. Blocks of a stack with the same structure (class, parameter and buffer
+# names, shapes, dtypes) do the same work on the same shapes, so a stack of n >= 5
+# such blocks is traced with its first three: entry 0 (may differ: T5's first block
+# owns the position bias), entry 1 stands for entries 1..n-2, and entry 2 for the
+# last (it carries whatever runs right after the stack). Exact for identical blocks.
+
+_MIN_STACK = 5
+
+
+def _signature(m: nn.Module) -> tuple:
+    return (type(m).__name__, tuple((n, tuple(t.shape), t.dtype) for n, t in
+                                    [*m.named_parameters(), *m.named_buffers()]))
+
+
+def _stacks(model: nn.Module, names: list[str]) -> list[tuple[str, int]]:
+    """(prefix, n) of each container whose entries are all layers, 1..n-1 alike."""
+    out = []
+    for path, m in model.named_modules():
+        if not isinstance(m, nn.ModuleList) or len(m) < _MIN_STACK:
+            continue
+        prefix = f"{path}." if path else ""
+        if not all(f"{prefix}{i}" in names for i in range(len(m))):
+            continue
+        sigs = {_signature(m[i]) for i in range(1, len(m))}
+        if len(sigs) == 1:
+            out.append((prefix, len(m)))
+    return out
+
+
+class _Truncated:
+    """Context: each stack holds only its first three entries while tracing."""
+
+    def __init__(self, model: nn.Module, stacks: list[tuple[str, int]]):
+        self.lists = [model.get_submodule(prefix[:-1]) for prefix, _ in stacks]
+        self.saved = [dict(m._modules) for m in self.lists]
+
+    def __enter__(self):
+        for m, saved in zip(self.lists, self.saved):
+            m._modules = {k: v for k, v in saved.items() if int(k) < 3}
+
+    def __exit__(self, *exc):
+        for m, saved in zip(self.lists, self.saved):
+            m._modules = saved
+
+
+def _entry(name: str, stacks) -> tuple[str, int, int, str] | None:
+    """(prefix, n, index, rest) when `name` is inside a stack entry."""
+    for prefix, n in stacks:
+        if name.startswith(prefix):
+            idx, _, rest = name[len(prefix):].partition(".")
+            if idx.isdigit():
+                return prefix, n, int(idx), "." + rest if rest else ""
+    return None
+
+
+def _untraced(name: str, stacks) -> bool:
+    e = _entry(name, stacks)
+    return e is not None and e[2] >= 3
+
+
+def _source(name: str, stacks) -> str | None:
+    """For entries 2..n-1 after tracing: the traced entry that stands for it."""
+    e = _entry(name, stacks)
+    if e is None or e[2] < 2:
+        return None
+    prefix, n, idx, rest = e
+    return f"{prefix}{2 if idx == n - 1 else 1}{rest}"
+
+
+def _expand(tracer: _Tracer, full: list[str], kids: list[str], stacks) -> None:
+    """Give every entry 2..n-1 the stats of the traced entry that stands for it."""
+    st = tracer.stats
+    targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
+    snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
+                  {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
+                  [d.get(src, 0) for d in (st.acts, st.largest, st.inputs)]) for _, src in targets}
+    for name, src in targets:
+        flops, moved, rest = snap[src]
+        for ph in ("fwd", "bwd"):
+            st.flops[ph][name] = defaultdict(float, flops[ph])
+            st.moved[ph][name] = moved[ph]
+        for d, v in zip((st.acts, st.largest, st.inputs), rest):
+            d[name] = v
+
+    def order(ran: list[str], names: list[str]) -> list[str]:
+        out = []
+        for r in ran:
+            e = _entry(r, stacks)
+            if e is not None and e[2] == 2:
+                continue  # re-inserted below, after entry 1
+            out.append(r)
+            if e is not None and e[2] == 1:
+                prefix, n, _, rest = e
+                out += [f"{prefix}{i}{rest}" for i in range(2, n) if f"{prefix}{i}{rest}" in names]
+        return out
+
+    tracer.ran = order(tracer.ran, full)
+    tracer.kids_ran = order(tracer.kids_ran, kids)
+
+
+def _fold(stats: _Stats, ran: list[str], final: list[str]) -> None:
+    """Work of keys that are not final layers (before any layer ran; layers that
+    ran but own nothing) goes to the nearest final layer before them (or the first)."""
+    order = [_PRE, *ran]
+    for i, k in enumerate(order):
+        if k in final or k == L.ROOT:
+            continue
+        target = next((o for o in reversed(order[:i]) if o in final), None) or \
+            next((o for o in order[i:] if o in final), None)
+        if target is None:
+            continue
+        for ph in ("fwd", "bwd"):
+            for c, f in stats.flops[ph].pop(k, {}).items():
+                stats.flops[ph][target][c] += f
+            stats.moved[ph][target] += stats.moved[ph].pop(k, 0)
+        stats.acts[target] += stats.acts.pop(k, 0)
+        stats.largest[target] = max(stats.largest[target], stats.largest.pop(k, 0))
+
+
+def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: DeviceSpec,
+           kids: tuple = ()) -> LayerProfile:
+    fwd, bwd = dict(st.flops["fwd"].get(name, {})), dict(st.flops["bwd"].get(name, {}))
+    bw = device.memory_bandwidth
+    return LayerProfile(
+        name=name, params=sum(p.numel() for p in params), dims=L.dims(params),
+        forward_seconds=device.compute_seconds(fwd) + st.moved["fwd"].get(name, 0) / bw,
+        backward_seconds=device.compute_seconds(bwd) + st.moved["bwd"].get(name, 0) / bw,
+        activation_bytes=st.acts.get(name, 0), workspace_bytes=2 * st.largest.get(name, 0),
+        input_bytes=st.inputs.get(name, 0), forward_flops=fwd, backward_flops=bwd,
+        forward_moved_bytes=st.moved["fwd"].get(name, 0), backward_moved_bytes=st.moved["bwd"].get(name, 0),
+        children=kids)
+
+
+def _unique(params) -> list[nn.Parameter]:
+    seen, out = set(), []
+    for p in params:
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append(p)
+    return out
+
+
+def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str, device: DeviceSpec,
+                  layers: Sequence[str] | None = None, compute_dtype: str = "float32") -> Profile:
+    """Profile `model(*example_inputs)` (the scalar loss) on fake tensors, layer by layer.
+
+    The model may live on the meta device; neither it nor the inputs are changed."""
+    if compute_dtype not in DTYPES:
+        raise UsageError(f"unknown compute dtype {compute_dtype!r}: accepted {', '.join(DTYPES)}")
+    inputs = tuple(example_inputs)
+    names = [n for n in L.candidates(model, layers) if n != L.ROOT]
+    children = {n: L.param_children(model, n) for n in names}
+    stacks = _stacks(model, names)
+    traced = [n for n in names if not _untraced(n, stacks)]
+    with _Truncated(model, stacks):
+        tracer = _run(model, inputs, traced, {n: children[n] for n in traced}, DTYPES[compute_dtype])
+    _expand(tracer, names, [c for cs in children.values() for c in cs], stacks)
+    asg = L.assign(model, names, tracer.ran)
+    _fold(tracer.stats, tracer.ran, asg.layers)
+    out = []
+    for n in asg.layers:
+        kids = children.get(n, [])
+        kids = [c for c in tracer.kids_ran if c in kids] if all(c in tracer.kids_ran for c in kids) else []
+        kid_profiles = tuple(_layer(c, _unique(model.get_submodule(c).parameters()), tracer.stats, device)
+                             for c in kids)
+        out.append(_layer(n, asg.params[n], tracer.stats, device, kid_profiles))
+    from shardsched.profile.measure import batch_and_seq
+    micro_batch, seq = batch_and_seq(inputs)
+    return Profile(model=name, layers=tuple(out), fingerprint=fingerprint(model), compute_dtype=compute_dtype,
+                   micro_batch=micro_batch, seq=seq, input_bytes=sum(_nbytes([t]) for t in _tensors(inputs)),
+                   source="traced", tied=asg.tied, extra={"device": device.name, "torch": torch.__version__})
