@@ -47,7 +47,19 @@ def shards(strategy: Strategy, world: int) -> int:
     return 1 if strategy is Strategy.REPLICATE else world
 
 
-def model_states_bytes(params: int, strategy: Strategy, world: int, sb: StateBytes) -> int:
-    """ZeRO's "model states" of a unit at rest, per worker (ceil: FSDP2 pads shards)."""
-    n = shards(strategy, world)
-    return sb.at_rest * -(-params // n)
+def shard_numel(params: int, dims: tuple[tuple[int, int], ...], n: int) -> int:
+    """Elements of a unit per worker when sharded `n` ways, as FSDP2 lays it out:
+    every parameter's dim 0 is padded to a multiple of n (`FSDPParam._init_sharded_param`:
+    `chunk` along dim 0, each shard padded to the largest). `dims` are (dim-0 size,
+    numel) per parameter; without them the unit's total is rounded up instead."""
+    if n == 1:
+        return params
+    if not dims:
+        return -(-params // n)
+    return sum(-(-d0 // n) * (numel // d0) for d0, numel in dims if d0)
+
+
+def model_states_bytes(params: int, strategy: Strategy, world: int, sb: StateBytes,
+                       dims: tuple[tuple[int, int], ...] = ()) -> int:
+    """ZeRO's "model states" of a unit at rest, per worker (padded as FSDP2 pads shards)."""
+    return sb.at_rest * shard_numel(params, dims, shards(strategy, world))

@@ -1,4 +1,4 @@
-"""Model specs for `--model`: presets, `gpt:key=value,...` and `python:module:function`.
+"""Model specs for `--model`: presets, `gpt:key=value,...`, `python:module:function`, `hf:...`.
 
 A spec resolves to either a `GPTConfig` (so the planner can profile it
 analytically, without building it: gpt3-175b does not fit in this machine) or a
@@ -46,7 +46,8 @@ _CHOICE_KEYS = {"mlp": ("gelu", "swiglu"), "norm": ("layernorm", "rmsnorm")}
 _BOOL_KEYS = ("bias", "learned_pos")
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 _GPT_KEYS = ", ".join((*_INT_KEYS, *_CHOICE_KEYS, *_BOOL_KEYS))
-ACCEPTED = f"a preset ({', '.join(PRESETS)}), gpt:key=value,... (keys: {_GPT_KEYS}), python:module:function"
+ACCEPTED = (f"a preset ({', '.join(PRESETS)}), gpt:key=value,... (keys: {_GPT_KEYS}), python:module:function, "
+            f"hf:<config.json | model type | checkpoint name>[,key=value...]")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +63,9 @@ class ModelSpec:
     text_lm: bool = False
     """`model(idx, targets)` with byte tokens idx, targets of shape (batch, seq) returns the
     loss, so `train` can feed it the text corpus (presets, `gpt:`, and `hf:` language models)."""
+    sized: bool = False
+    """`builder(*, micro_batch, seq, device, seed)` also takes the example inputs' shape and a
+    device ("meta": nothing allocated, for planning); `hf:` models."""
 
 
 def parse_model_spec(spec: str) -> ModelSpec:
@@ -73,6 +77,10 @@ def parse_model_spec(spec: str) -> ModelSpec:
         return ModelSpec(name=spec, config=_parse_gpt(spec[len("gpt:"):]), text_lm=True)
     if spec.startswith("python:"):
         return ModelSpec(name=spec, builder=_python_builder(spec[len("python:"):]))
+    if spec.startswith("hf:"):
+        from shardsched.models.hf import hf_builder  # imports transformers: only for hf:
+        builder, text_lm = hf_builder(spec[len("hf:"):])
+        return ModelSpec(name=spec, builder=builder, text_lm=text_lm, sized=True)
     raise UsageError(f"unknown model {spec!r}: accepted: {ACCEPTED}")
 
 

@@ -69,7 +69,7 @@ def make_scenario(costs, strategies, fwd, bwd, *, plan: Plan | None = None, prof
         costs = [dataclasses.replace(c, forward_seconds=c.forward_seconds + half,
                                      backward_seconds=c.backward_seconds + half) for c in costs]
     sb = state_bytes(precision, optimizer)
-    shard_params = sum(-(-c.params // (1 if s is Strategy.REPLICATE else cluster.world))
+    shard_params = sum(c.shard_numel(1 if s is Strategy.REPLICATE else cluster.world)
                        for c, s in zip(costs, strategies))
     opt_seconds = shard_params * optimizer_seconds_per_param(sb, cluster)
     return Scenario(units=tuple(costs), strategies=tuple(strategies), forward_launch=tuple(fwd),

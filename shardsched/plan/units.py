@@ -25,9 +25,16 @@ def workspace_bytes(layers: list[LayerProfile]) -> int:
     return max((layer.workspace_bytes or layer.activation_bytes // 2 for layer in layers), default=0)
 
 
+def unit_dims(layers: list[LayerProfile]) -> tuple[tuple[int, int], ...]:
+    """Every parameter's (dim 0, numel); () when a layer with parameters lacks them."""
+    if any(layer.params and not layer.dims for layer in layers):
+        return ()
+    return tuple(d for layer in layers for d in layer.dims)
+
+
 def unit_cost(layers: list[LayerProfile]) -> UnitCost:
     names = tuple(layer.name for layer in layers)
-    return UnitCost(name=unit_name(names), layers=names,
+    return UnitCost(name=unit_name(names), layers=names, dims=unit_dims(layers),
                     params=sum(layer.params for layer in layers),
                     forward_seconds=sum(layer.forward_seconds for layer in layers),
                     backward_seconds=sum(layer.backward_seconds for layer in layers),

@@ -246,11 +246,22 @@ def analytic_profile(config: GPTConfig, *, micro_batch: int, seq: int, device: D
     # Every block is the same: build one and rename it (keeps gpt3-175b at ~ms).
     block0 = _block(ctx, "blocks.0", children["blocks.0"]) if config.layers else None
     blocks = [_renamed(block0, "blocks.0", f"blocks.{i}") for i in range(config.layers)]
-    layers = (_embed(ctx, children["embed"]), *blocks, _head(ctx, children["head"]))
+    layers = tuple(_with_dims(layer, children[layer.name if not layer.name.startswith("blocks.") else "blocks.0"])
+                   for layer in (_embed(ctx, children["embed"]), *blocks, _head(ctx, children["head"])))
     return Profile(model=name or "gpt", layers=layers, fingerprint=fingerprint_of_shapes(gpt_param_shapes(config)),
                    compute_dtype=compute_dtype, micro_batch=micro_batch, seq=seq,
                    input_bytes=2 * 8 * micro_batch * seq, source="analytic",
                    extra={"device": device.name, "config": config_dict(config)})
+
+
+def _dims(shapes: Shapes) -> tuple[tuple[int, int], ...]:
+    return tuple((shape[0], _count([(n, shape)])) for n, shape in shapes)
+
+
+def _with_dims(layer: LayerProfile, children: dict[str, Shapes]) -> LayerProfile:
+    """Per-parameter (dim 0, numel), for FSDP2's dim-0 padding (blocks share block 0's shapes)."""
+    kids = tuple(dataclasses.replace(c, dims=_dims(shapes)) for c, shapes in zip(layer.children, children.values()))
+    return dataclasses.replace(layer, dims=tuple(d for c in kids for d in c.dims), children=kids)
 
 
 def _renamed(layer: LayerProfile, old: str, new: str) -> LayerProfile:

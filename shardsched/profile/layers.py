@@ -154,7 +154,7 @@ def param_children(model: nn.Module, layer: str) -> list[str]:
     by_id = param_names(module)
     if any(len(ns) > 1 and _holder([f"{layer}.{n}" for n in ns], kids) is None for ns in by_id.values()):
         return []
-    return kids if len(kids) > 1 else []
+    return kids
 
 
 def check_given(model: nn.Module, layers: Sequence[str]) -> list[str]:

@@ -1,5 +1,11 @@
-"""From a `--model` spec to a Profile: analytic for configs, measured for code."""
+"""From a `--model` spec to a Profile: analytic for GPT configs, traced on fake tensors
+for code (`python:`, `hf:`), measured on this machine only when asked (`measure`)."""
 from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
 
 from shardsched.cost.device import DeviceSpec
 from shardsched.errors import UsageError
@@ -16,21 +22,55 @@ def compute_dtype(precision: Precision) -> str:
 
 def profile_for(spec: ModelSpec, *, micro_batch: int, seq: int | None, device: DeviceSpec,
                 precision: Precision, measure: bool = False, repeats: int = 3) -> Profile:
-    """Analytic profile of a GPT config on `device` (no model in memory), or a
-    profile measured on this machine for `python:` models (or with `measure`)."""
+    """Analytic profile of a GPT config on `device` (no model in memory); a traced
+    profile (fake tensors: exact bytes, FLOPs, deterministic) for `python:` and `hf:`
+    models; a profile measured on this machine with `measure` (cached, see `measured`)."""
     if micro_batch < 1:
         raise UsageError(f"--micro-batch must be >= 1, got {micro_batch}")
+    if seq is not None and seq < 1:
+        raise UsageError(f"--seq must be >= 1, got {seq}")
     dtype = compute_dtype(precision)
     if spec.config is not None:
         seq = seq or spec.config.seq
-        if seq < 1:
-            raise UsageError(f"--seq must be >= 1, got {seq}")
         if not measure:
             return analytic_profile(spec.config, micro_batch=micro_batch, seq=seq, device=device,
                                     compute_dtype=dtype, name=spec.name)
         model, inputs = build_gpt(spec.config, micro_batch=micro_batch, seq=seq)
+    elif spec.sized:
+        model, inputs = spec.builder(micro_batch=micro_batch, seq=seq, device="cpu" if measure else "meta")
     else:
         model, inputs = spec.builder()
-    from shardsched.profile.measure import measure_profile  # imports torch: only when measuring
+    if measure:
+        return measured(model, inputs, name=spec.name, repeats=repeats, compute_dtype=dtype)
+    from shardsched.profile.trace import trace_profile  # imports torch: only for code models
 
-    return measure_profile(model, inputs, name=spec.name, repeats=repeats, warmup=1, compute_dtype=dtype)
+    return trace_profile(model, inputs, name=spec.name, device=device, compute_dtype=dtype)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SHARDSCHED_CACHE", Path.home() / ".cache" / "shardsched")) / "profiles"
+
+
+def measured(model, inputs, *, name: str, repeats: int, compute_dtype: str) -> Profile:
+    """A measured profile, cached by the model's fingerprint, input shapes, dtype and
+    threads: the first measurement is reused, so timing noise cannot flip a plan
+    between two runs of the same command (delete the cache to re-measure)."""
+    import torch
+
+    from shardsched.profile.fingerprint import fingerprint
+    from shardsched.profile.measure import measure_profile
+    shapes = [tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor)]
+    key = hashlib.sha256(json.dumps([fingerprint(model), str(shapes), compute_dtype, repeats,
+                                     torch.get_num_threads(), torch.__version__]).encode()).hexdigest()[:20]
+    path = cache_dir() / f"{key}.json"
+    if path.exists():
+        return Profile.from_json(path.read_text())
+    profile = measure_profile(model, inputs, name=name, repeats=repeats, warmup=1, compute_dtype=compute_dtype)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(profile.to_json())
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home: measure again next time
+    return profile

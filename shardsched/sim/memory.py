@@ -44,10 +44,14 @@ class _Live:
     def __init__(self, sc: Scenario):
         sb, w = sc.state, sc.cluster.world
         self.sc = sc
-        self.shard = [_ceil_div(u.params, shards(s, w)) for u, s in zip(sc.units, sc.strategies)]
-        self.unsharded = [u.params * sb.unsharded_param for u in sc.units]
+        n = [shards(s, w) for s in sc.strategies]
+        # FSDP2 pads every parameter's dim 0 to a multiple of the shard count: shards,
+        # AllGather outputs (and the unsharded views into them) and ReduceScatter inputs
+        # are padded; gradients as autograd produces them are not.
+        self.shard = [u.shard_numel(k) for u, k in zip(sc.units, n)]
+        self.unsharded = [u.padded_numel(k) * sb.unsharded_param for u, k in zip(sc.units, n)]
         self.ugrad = [u.params * sb.unsharded_grad for u in sc.units]
-        self.rsbuf = [u.params * sb.reduce for u in sc.units]
+        self.rsbuf = [u.padded_numel(k) * sb.reduce for u, k in zip(sc.units, n)]
         self.persist_params = sum(self.shard) * sb.param
         self.persist_opt = sum(self.shard) * sb.optimizer
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shardsched.cost.device import Cluster
-from shardsched.cost.memory import StateBytes
+from shardsched.cost.memory import StateBytes, shard_numel
 from shardsched.core.types import Strategy
 
 
@@ -30,6 +30,17 @@ class UnitCost:
     """Retained from the unit's forward until its backward."""
     workspace_bytes: int = 0
     """Transient bytes while the unit computes (largest activation-gradient buffers)."""
+    dims: tuple[tuple[int, int], ...] = ()
+    """(dim-0 size, numel) per parameter, for FSDP2's dim-0 padding; () = unknown."""
+
+    def shard_numel(self, n: int) -> int:
+        """Elements per worker sharded n ways (dim 0 of each parameter padded)."""
+        return shard_numel(self.params, self.dims, n)
+
+    def padded_numel(self, n: int) -> int:
+        """Elements of the AllGather output / ReduceScatter input over n shards; the
+        unsharded parameters are views into the AllGather output, so they occupy this too."""
+        return n * self.shard_numel(n)
 
 
 @dataclass(frozen=True, kw_only=True)

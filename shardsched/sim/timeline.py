@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 from shardsched.cost.comm import Collective, collective_seconds
 from shardsched.core.types import Strategy
+from shardsched.cost.memory import shards
 from shardsched.sim.scenario import Scenario
 
 
@@ -57,7 +58,8 @@ class Timeline:
 
 
 def gather_bytes(sc: Scenario, i: int) -> float:
-    return sc.units[i].params * sc.state.unsharded_param
+    """AllGather output bytes: dim 0 of every parameter padded to the shard count (FSDP2)."""
+    return sc.units[i].padded_numel(shards(sc.strategies[i], sc.cluster.world)) * sc.state.unsharded_param
 
 
 def reduce_kind(strategy: Strategy) -> Collective:
@@ -69,7 +71,8 @@ def collective_time(sc: Scenario, kind: Collective, i: int) -> float:
         return 0.0  # a shard group of one: nothing on the wire
     if kind is Collective.ALL_GATHER:
         return collective_seconds(kind, gather_bytes(sc, i), sc.cluster)
-    return collective_seconds(kind, sc.units[i].params * sc.state.reduce, sc.cluster)
+    numel = sc.units[i].padded_numel(shards(sc.strategies[i], sc.cluster.world))
+    return collective_seconds(kind, numel * sc.state.reduce, sc.cluster)
 
 
 def launches_at(sc: Scenario) -> dict[int, list[tuple[int, int]]]:

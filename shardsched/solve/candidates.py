@@ -73,7 +73,8 @@ def _with_residual(layer: LayerProfile) -> list[LayerProfile]:
         forward_seconds=last.forward_seconds + layer.forward_seconds - sum(c.forward_seconds for c in kids),
         backward_seconds=last.backward_seconds + layer.backward_seconds - sum(c.backward_seconds for c in kids),
         activation_bytes=last.activation_bytes + layer.activation_bytes - sum(c.activation_bytes for c in kids),
-        workspace_bytes=last.workspace_bytes)
+        workspace_bytes=last.workspace_bytes,
+        dims=last.dims if layer.params == sum(c.params for c in kids) else ())
     return kids
 
 

@@ -131,16 +131,18 @@ def costs_of(p: Problem) -> Costs:
     cl, w = p.cluster, p.cluster.world
     sc = p.scenario(Choice(tuple(a[0] for a in p.allowed), tuple(range(p.n)), (None,) * p.n))
     sb = sc.state
-    ag = [collective_seconds(Collective.ALL_GATHER, c.params * sb.unsharded_param, cl) for c in p.costs]
-    rs = [collective_seconds(Collective.REDUCE_SCATTER, c.params * sb.reduce, cl) for c in p.costs]
+    # FSDP2 pads dim 0 to the shard count (`UnitCost.padded_numel`); replicate units
+    # pad nothing, the padded size over the world bounds them from above.
+    ag = [collective_seconds(Collective.ALL_GATHER, c.padded_numel(w) * sb.unsharded_param, cl) for c in p.costs]
+    rs = [collective_seconds(Collective.REDUCE_SCATTER, c.padded_numel(w) * sb.reduce, cl) for c in p.costs]
     ar = [collective_seconds(Collective.ALL_REDUCE, c.params * sb.reduce, cl) for c in p.costs]
     return Costs(ag=ag, red=[{REP: a, SGO: r, FS: r} for a, r in zip(ar, rs)],
                  # from the scenario: it adds the device's per-unit host overhead
                  fwd=[c.forward_seconds for c in sc.units], bwd=[c.backward_seconds for c in sc.units],
-                 shard=[{k: -(-c.params // shards(k, w)) for k in (REP, SGO, FS)} for c in p.costs],
-                 unsharded=[c.params * sb.unsharded_param for c in p.costs],
+                 shard=[{k: c.shard_numel(shards(k, w)) for k in (REP, SGO, FS)} for c in p.costs],
+                 unsharded=[c.padded_numel(w) * sb.unsharded_param for c in p.costs],
                  ugrad=[c.params * sb.unsharded_grad for c in p.costs],
-                 rsbuf=[c.params * sb.reduce for c in p.costs],
+                 rsbuf=[c.padded_numel(w) * sb.reduce for c in p.costs],
                  act=[c.activation_bytes for c in p.costs], ws=[c.workspace_bytes for c in p.costs],
                  state=sb, input_bytes=sc.input_bytes, opt_factor=sc.optimizer_workspace_factor,
                  opt_per_param=optimizer_seconds_per_param(sb, cl))

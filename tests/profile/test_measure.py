@@ -85,7 +85,9 @@ def test_shared_parameter_counted_once():
     model[1].weight = model[0].weight
     p = measure_profile(model, (torch.randn(2, 4),), name="tied", repeats=1, warmup=0)
     assert p.params == 16 + 4 + 4
-    assert [l.params for l in p.layers] == [20, 4]
+    # The tied weight spans both layers: FSDP2 needs it in one group, so both leaves go to the root.
+    assert [(l.name, l.params) for l in p.layers] == [("", 24)]
+    assert p.tied == (("0.weight", "1.weight"),)
 
 
 def test_gpt_profile_layers_children_times():

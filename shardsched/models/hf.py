@@ -1,0 +1,145 @@
+"""`hf:` model specs: Hugging Face `transformers` models from a config, no weights, no network.
+
+Forms (`,key=value` overrides the config's own keys):
+  hf:./path/config.json | hf:./dir      a local config (a directory holding config.json)
+  hf:meta-llama/Llama-2-7b-hf            a well-known checkpoint: its config values, kept here (HF_PRESETS)
+  hf:gpt2 | hf:llama | hf:bert ...       a `transformers` model type with its default config
+  hf:gpt2,n_layer=4,n_embd=256           any of the above with overrides
+
+The model is wrapped to fit the project's contract (`HFTask`): language models take
+`forward(idx, targets)` with byte tokens (batch, seq) and return the scalar loss with
+the model's own objective; vision models take `forward(pixel_values, labels)`. The
+HF model is the wrapper's submodule `model`; layer discovery looks through it
+(profile/layers.py). `transformers` is imported only here, only for `hf:`.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any, Callable
+
+from shardsched.errors import UsageError
+
+if TYPE_CHECKING:
+    import torch.nn as nn
+
+# Config values of well-known checkpoints (their config.json on the Hub), so `plan`
+# needs no network. Keys are the `transformers` config keys.
+HF_PRESETS: dict[str, tuple[str, dict]] = {
+    "gpt2": ("gpt2", {}),  # GPT2Config defaults are GPT-2 small (124M, tied head)
+    "meta-llama/Llama-2-7b-hf": ("llama", dict(
+        hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=32, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
+        tie_word_embeddings=False)),
+    "meta-llama/Llama-2-70b-hf": ("llama", dict(
+        hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+        num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5,
+        tie_word_embeddings=False)),
+    "mistralai/Mistral-7B-v0.1": ("mistral", dict(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=32000, max_position_embeddings=32768, sliding_window=4096,
+        rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False)),
+    "Qwen/Qwen2-0.5B": ("qwen2", dict(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=131072, rms_norm_eps=1e-6,
+        rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False)),
+    "bert-base-uncased": ("bert", dict(vocab_size=30522)),  # BertConfig defaults are bert-base
+    "t5-small": ("t5", dict(d_model=512, d_ff=2048, d_kv=64, num_layers=6, num_heads=8, vocab_size=32128)),
+    "google/vit-base-patch16-224": ("vit", dict(image_size=224, patch_size=16, num_labels=1000)),
+    "microsoft/resnet-50": ("resnet", dict(embedding_size=64, hidden_sizes=[256, 512, 1024, 2048],
+                                           depths=[3, 4, 6, 3], layer_type="bottleneck", num_labels=1000)),
+}
+ACCEPTED = ("hf:<config.json path or directory>, hf:<model type, e.g. gpt2, llama, bert, t5, vit>, "
+            f"hf:<one of {', '.join(HF_PRESETS)}>, each optionally followed by ,key=value overrides")
+# Encoder-only models trained with masked LM (they also appear in the causal-LM mapping).
+_MASKED = {"bert", "roberta", "distilbert", "albert", "electra", "camembert", "xlm-roberta", "mpnet",
+           "deberta", "deberta-v2", "megatron-bert", "ernie"}
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise UsageError("hf: models need the optional extra: pip install 'shardsched[hf]'") from None
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def _value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"true": True, "false": False}.get(raw.lower(), raw)
+
+
+def _config_dict(name: str) -> dict:
+    """The config values `name` stands for (model_type included)."""
+    if name.endswith(".json") or os.sep in name or name.startswith(".") and os.path.exists(name):
+        path = os.path.join(name, "config.json") if os.path.isdir(name) else name
+        try:
+            data = json.loads(open(path, encoding="utf-8").read())
+        except OSError as e:
+            raise UsageError(f"hf: cannot read config {path} ({e.strerror}); accepted: {ACCEPTED}") from None
+        except ValueError as e:
+            raise UsageError(f"hf: {path} is not JSON ({e}); accepted: {ACCEPTED}") from None
+        if not isinstance(data, dict) or "model_type" not in data:
+            raise UsageError(f"hf: {path} has no 'model_type': not a transformers config.json")
+        return data
+    if name in HF_PRESETS:
+        model_type, values = HF_PRESETS[name]
+        return {"model_type": model_type, **values}
+    if name in _transformers().CONFIG_MAPPING:
+        return {"model_type": name}
+    raise UsageError(f"hf: unknown model {name!r} (no network: only configs known offline); accepted: {ACCEPTED}")
+
+
+def hf_config(body: str):
+    """The `transformers` config for the text after `hf:`."""
+    name, *items = [s.strip() for s in body.split(",")]
+    if not name:
+        raise UsageError(f"hf: no model named; accepted: {ACCEPTED}")
+    data = _config_dict(name)
+    tf = _transformers()
+    model_type = data.pop("model_type")
+    if model_type not in tf.CONFIG_MAPPING:
+        raise UsageError(f"hf: model_type {model_type!r} is not known to transformers {tf.__version__}")
+    config = tf.CONFIG_MAPPING[model_type](**{k: v for k, v in data.items() if not k.startswith("_")})
+    known = config.to_dict()
+    for item in filter(None, items):
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep:
+            raise UsageError(f"hf: bad override {item!r}: expected key=value; accepted: {ACCEPTED}")
+        if key not in known and not hasattr(config, key):
+            some = ", ".join(sorted(k for k in known if not k.startswith("_"))[:12])
+            raise UsageError(f"hf: {name} config has no key {key!r}; accepted keys include: {some}, ...")
+        setattr(config, key, _value(raw.strip()))
+    return config
+
+
+def task_of(config) -> str:
+    """"seq2seq", "masked", "causal" or "vision": which objective the wrapper trains."""
+    from transformers.models.auto import modeling_auto as ma
+    mt = config.model_type
+    if getattr(config, "is_encoder_decoder", False) and mt in ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        return "seq2seq"
+    if mt in _MASKED and mt in ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return "masked"
+    if mt in ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return "causal"
+    if mt in ma.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
+        return "vision"
+    raise UsageError(f"hf: model type {mt!r} has no causal, masked, seq2seq LM or image-classification head")
+
+
+def hf_builder(body: str) -> tuple[Callable[..., tuple["nn.Module", tuple]], bool]:
+    """(builder, text_lm) for `hf:body`; the config is checked now, at parse time.
+    builder(*, micro_batch=2, seq=None, device="cpu", seed=0) -> (wrapped model, example inputs)."""
+    config = hf_config(body)
+    task = task_of(config)
+
+    def build(*, micro_batch: int = 2, seq: int | None = None, device: str = "cpu", seed: int = 0):
+        from shardsched.models.hf_task import build_task
+        return build_task(config, task, micro_batch=micro_batch, seq=seq, device=device, seed=seed)
+
+    return build, task != "vision"

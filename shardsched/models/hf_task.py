@@ -1,0 +1,113 @@
+"""Wrappers that give a `transformers` model the project's contract: model(*inputs) is the loss.
+
+Language models take byte tokens `idx` and `targets` of shape (batch, seq) (what
+`train` feeds from its text corpus: targets are the next tokens):
+- causal LM: cross-entropy of the logits against `targets`;
+- masked LM: a deterministic ~15% of positions, derived from the tokens and their
+  positions (so every worker and every rerun masks the same ones), are replaced by
+  the last vocabulary id and predicted (BERT's objective, Devlin et al. 2019, without
+  the random 80/10/10 replacement, which would make the loss depend on an RNG);
+- seq2seq: `idx` is the encoder input and `targets` the labels (the model shifts
+  them right into its decoder input, as T5 is trained).
+Vision models take `(pixel_values, labels)` and return the classification loss.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from shardsched.errors import UsageError
+
+_MASK_PERCENT = 15
+
+
+def mlm_mask(idx: torch.Tensor) -> torch.Tensor:
+    """Positions to mask: a hash of (token, position) below 15%, plus the middle position
+    (so at least one is masked)."""
+    pos = torch.arange(idx.shape[1], device=idx.device).expand_as(idx)
+    mask = (idx * 31 + pos * 17 + 7) % 100 < _MASK_PERCENT
+    return mask | (pos == idx.shape[1] // 2)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids=idx).logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+class MaskedLM(nn.Module):
+    def __init__(self, model: nn.Module, mask_id: int):
+        super().__init__()
+        self.model, self.mask_id = model, mask_id
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        mask = mlm_mask(idx)
+        logits = self.model(input_ids=torch.where(mask, self.mask_id, idx)).logits
+        labels = torch.where(mask, idx, -100)
+        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+
+
+class Seq2SeqLM(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=idx, labels=targets).loss
+
+
+class Vision(nn.Module):
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=pixel_values, labels=labels).loss
+
+
+def _hf_model(config, task: str) -> nn.Module:
+    import transformers as tf
+    auto = {"causal": tf.AutoModelForCausalLM, "masked": tf.AutoModelForMaskedLM,
+            "seq2seq": tf.AutoModelForSeq2SeqLM, "vision": tf.AutoModelForImageClassification}[task]
+    return auto.from_config(config)
+
+
+def _wrap(model: nn.Module, config, task: str) -> nn.Module:
+    if task == "causal":
+        return CausalLM(model)
+    if task == "masked":
+        return MaskedLM(model, config.vocab_size - 1)
+    if task == "seq2seq":
+        return Seq2SeqLM(model)
+    return Vision(model)
+
+
+def example_inputs(config, task: str, *, micro_batch: int, seq: int | None, seed: int) -> tuple:
+    gen = torch.Generator().manual_seed(seed + 1)
+    if task == "vision":
+        size = getattr(config, "image_size", 224)
+        channels = getattr(config, "num_channels", 3)
+        pixels = torch.randn(micro_batch, channels, size, size, generator=gen)
+        return pixels, torch.randint(0, config.num_labels, (micro_batch,), generator=gen)
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 512
+    seq = seq or min(128, limit)
+    if seq > limit:
+        raise UsageError(f"seq={seq} exceeds the model's {limit} positions")
+    vocab = min(256, config.vocab_size - (1 if task == "masked" else 0))
+    idx = torch.randint(0, vocab, (micro_batch, seq), generator=gen)
+    return idx, torch.randint(0, vocab, (micro_batch, seq), generator=gen)
+
+
+def build_task(config, task: str, *, micro_batch: int, seq: int | None, device: str, seed: int):
+    """(wrapped model, example inputs); on "meta" nothing is allocated (planning).
+    Seeds a forked RNG, so every worker builds the same weights."""
+    inputs = example_inputs(config, task, micro_batch=micro_batch, seq=seq, seed=seed)
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(seed)
+        model = _wrap(_hf_model(config, task), config, task)
+    return model.train(), inputs
