@@ -115,14 +115,19 @@ def test_a_plan_over_budget_and_an_oversized_layer_are_reported():
 USER_MODEL = '''
 import torch, torch.nn as nn
 
+class Net(nn.Sequential):
+    def forward(self, x):
+        return super().forward(x).pow(2).mean()  # model(x) is the scalar loss
+
+
 def build():
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))
-    return model, (torch.randn(32, 64),)  # model(x) is a tensor: its sum is the loss
+    model = Net(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 8))
+    return model, (torch.randn(32, 64),)
 '''
 
 
-def test_python_model_is_measured_and_planned(tmp_path):
+def test_python_model_is_traced_and_planned(tmp_path):
     (tmp_path / "usermodels.py").write_text(USER_MODEL)
     r = shardsched("plan", "--model", "python:usermodels:build", "--world", "8", "--no-fuse",
                    "--strategy", "full_shard,0=replicate", "--json", cwd=tmp_path)

@@ -13,6 +13,7 @@ from shardsched.cost.device import DEVICES, Cluster
 from shardsched.errors import UsageError
 from shardsched.solve.build import make_plan, plan_from_scenario
 from shardsched.plan.schedule import scenario_for
+from shardsched.plan.units import tied_violation
 from shardsched.core.types import Optimizer, Plan, Precision
 from shardsched.models.spec import parse_model_spec
 from shardsched.profile.resolve import profile_for
@@ -114,6 +115,9 @@ def reevaluate(plan: Plan, profile, cluster: Cluster, budget: int | None) -> Pla
                          f"{profile.fingerprint}); accepted: a plan from `shardsched plan --model` of the same model")
     if plan.world != cluster.world:
         raise UsageError(f"plan was made for world {plan.world}, not {cluster.world}")
+    bad = tied_violation([u.layers for u in plan.units], profile.tied)
+    if bad:
+        raise UsageError(bad)
     try:
         sc = scenario_for(plan, profile, cluster)
     except (ValueError, KeyError) as e:

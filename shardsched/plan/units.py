@@ -6,12 +6,51 @@ An AllGather of M bytes costs alpha*steps + M/bw; below the block size
 consecutive layers are fused into one unit until the unit reaches the block size.
 Layers are fused only when they get the same strategy (one `fully_shard` call
 has one strategy).
+
+[Note: the root unit]
+The layer "" (profile/layers.py: parameters no layer owns, tied sets spanning
+layers) is `fully_shard(model)` itself, applied last. It is never fused with other
+layers, and FSDP2 never reshards the root after forward (`FSDPState._lazy_init`
+clears the root's post-forward mesh: its parameters would be gathered again at once
+for backward), so a full_shard root runs as shard_grad_op and is planned as such.
 """
 from __future__ import annotations
 
 from shardsched.core.types import Strategy
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.sim.scenario import UnitCost
+
+
+ROOT = ""
+
+
+def root_strategy(strategy: Strategy) -> Strategy:
+    """What the root unit runs as (see [Note: the root unit])."""
+    return Strategy.SHARD_GRAD_OP if strategy is Strategy.FULL_SHARD else strategy
+
+
+def layer_strategies(profile: Profile, strategies: list[Strategy]) -> list[Strategy]:
+    return [root_strategy(s) if layer.name == ROOT else s for layer, s in zip(profile.layers, strategies)]
+
+
+def _holder(name: str, units: list[tuple[str, ...]]) -> int | None:
+    """Index of the unit whose layer contains parameter `name`; None = the root."""
+    for i, layers in enumerate(units):
+        if any(layer != ROOT and name.startswith(layer + ".") for layer in layers):
+            return i
+    return None
+
+
+def tied_violation(units: list[tuple[str, ...]], tied: tuple[tuple[str, ...], ...]) -> str | None:
+    """One line naming a tied set the units split, or None. FSDP2 refuses a tensor
+    managed by two groups ("shared with a parameter already managed by another FSDP group")."""
+    for names in tied:
+        holders = {_holder(n, units) for n in names}
+        if len(holders) > 1:
+            where = ", ".join(sorted("the root" if h is None else repr(unit_name(units[h])) for h in holders))
+            return (f"plan splits the tied parameters {', '.join(names)} across units {where}; accepted: a plan "
+                    f"that keeps each tied set in one unit or in the root (make one with 'shardsched plan')")
+    return None
 
 
 def unit_name(layers: tuple[str, ...]) -> str:
@@ -47,7 +86,8 @@ def group_layers(profile: Profile, strategies: list[Strategy], *, block_params: 
     unit is below `block_params` parameters (0 disables fusion)."""
     groups: list[list[int]] = []
     for i, layer in enumerate(profile.layers):
-        if (groups and block_params > 0 and strategies[groups[-1][-1]] is strategies[i]
+        root = layer.name == ROOT or (groups and profile.layers[groups[-1][-1]].name == ROOT)
+        if (groups and not root and block_params > 0 and strategies[groups[-1][-1]] is strategies[i]
                 and sum(profile.layers[j].params for j in groups[-1]) < block_params):
             groups[-1].append(i)
         else:

@@ -25,7 +25,9 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from shardsched.errors import UsageError
 from shardsched.core.types import Plan, Precision, Strategy
+from shardsched.plan.units import ROOT, tied_violation
 from shardsched.profile.fingerprint import fingerprint
+from shardsched.profile.layers import tied_sets
 
 
 def mp_policy(precision: Precision) -> MixedPrecisionPolicy:
@@ -47,6 +49,9 @@ def check_plan(model: nn.Module, plan: Plan, world: int) -> None:
     missing = [layer for u in plan.units for layer in u.layers if layer not in names]
     if missing:
         raise UsageError(f"plan names modules this model lacks: {', '.join(missing[:3])}")
+    bad = tied_violation([u.layers for u in plan.units], tied_sets(model))
+    if bad:
+        raise UsageError(bad)
 
 
 def replicate_mesh(mesh: DeviceMesh) -> DeviceMesh:
@@ -60,13 +65,19 @@ def parallelize(model: nn.Module, plan: Plan, *, mesh: DeviceMesh) -> nn.Module:
     mp = mp_policy(plan.precision)
     rep_mesh = replicate_mesh(mesh) if any(u.strategy is Strategy.REPLICATE for u in plan.units) else None
     heads: dict[str, FSDPModule] = {}
+    root = next((u for u in plan.units if u.layers == (ROOT,)), None)
     for unit in plan.units:
+        if unit is root:
+            continue  # `fully_shard(model)` below (plan/units.py, [Note: the root unit])
         modules = [model.get_submodule(name) for name in unit.layers]
         fully_shard(modules if len(modules) > 1 else modules[0],
                     mesh=rep_mesh if unit.strategy is Strategy.REPLICATE else mesh,
                     reshard_after_forward=unit.strategy is Strategy.FULL_SHARD, mp_policy=mp)
         heads[unit.name] = modules[0]  # grouped units share one state, reached via the first
-    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
+    fully_shard(model, mesh=rep_mesh if root and root.strategy is Strategy.REPLICATE else mesh,
+                reshard_after_forward=False, mp_policy=mp)
+    if root is not None:
+        heads[root.name] = model
     apply_schedule(plan, heads)
     return model
 

@@ -12,7 +12,7 @@ from typing import NamedTuple
 from shardsched.cost.device import Cluster
 from shardsched.solve.candidates import Choice, Problem, block_params, problem_for
 from shardsched.core.types import Optimizer, Precision, Strategy
-from shardsched.plan.units import group_layers
+from shardsched.plan.units import group_layers, layer_strategies
 from shardsched.profile.types import Profile
 from shardsched.sim.memory import step_memory
 from shardsched.sim.scenario import default_launch
@@ -38,7 +38,7 @@ def score(name: str, p: Problem, ch: Choice) -> Scored:
 def uniform(strategy: Strategy, profile: Profile, cluster: Cluster, *, pins: dict, precision: Precision,
             optimizer: Optimizer) -> Scored:
     """`make_plan(strategy=...)`'s plan: pins kept, block-size fusion, one-ahead prefetch."""
-    per_layer = [pins.get(layer.name) or strategy for layer in profile.layers]
+    per_layer = layer_strategies(profile, [pins.get(layer.name) or strategy for layer in profile.layers])
     groups = group_layers(profile, per_layer, block_params=block_params(cluster, precision, optimizer))
     alist = [(layer, layer.name) for layer in profile.layers]
     p = problem_for(groups, alist, per_layer, profile=profile, cluster=cluster,

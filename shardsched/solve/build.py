@@ -14,7 +14,7 @@ from shardsched.cost.memory import state_bytes
 from shardsched.plan.schedule import make_scenario, units_with_schedule
 from shardsched.plan.spec import parse_strategy_spec
 from shardsched.core.types import Optimizer, Plan, Precision, SolverInfo, Strategy
-from shardsched.plan.units import group_layers, unit_cost
+from shardsched.plan.units import group_layers, layer_strategies, unit_cost
 from shardsched.profile.types import Profile
 from shardsched.sim.scenario import Scenario, default_launch
 from shardsched.sim.simulate import simulate
@@ -33,7 +33,7 @@ def make_plan(profile: Profile, cluster: Cluster, *, strategy: str = "full_shard
                          memory_budget_bytes=memory_budget_bytes, time_limit=time_limit)
     t0 = time.perf_counter()
     per_layer = spec.for_layers([layer.name for layer in profile.layers])
-    strategies = [per_layer[layer.name] for layer in profile.layers]
+    strategies = layer_strategies(profile, [per_layer[layer.name] for layer in profile.layers])
     block = block_size_bytes(cluster) // state_bytes(precision, optimizer).unsharded_param if fuse else 0
     groups = group_layers(profile, strategies, block_params=block)
     costs = [unit_cost([profile.layers[i] for i in g]) for g in groups]

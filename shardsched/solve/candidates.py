@@ -25,7 +25,7 @@ from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
 from shardsched.plan.schedule import make_scenario
 from shardsched.core.types import Optimizer, Precision, Strategy
-from shardsched.plan.units import unit_cost
+from shardsched.plan.units import ROOT, root_strategy, unit_cost
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.sim.scenario import Scenario, UnitCost
 
@@ -141,6 +141,11 @@ def _allowed(pins: list[Strategy | None]) -> tuple[Strategy, ...] | None:
 def problem_for(groups: list[list[int]], atom_list, pins: list[Strategy | None], *, profile: Profile,
                 cluster: Cluster, precision: Precision, optimizer: Optimizer) -> Problem | None:
     allowed = [_allowed([pins[i] for i in g]) for g in groups]
+    for k, g in enumerate(groups):  # the root unit stands alone and never reshards after forward
+        if any(atom_list[i][0].name == ROOT for i in g):
+            if len(g) > 1:
+                return None
+            allowed[k] = tuple(dict.fromkeys(root_strategy(s) for s in allowed[k])) if allowed[k] else None
     if any(a is None for a in allowed):
         return None
     costs = tuple(unit_cost([atom_list[i][0] for i in g]) for g in groups)
