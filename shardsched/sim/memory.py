@@ -52,6 +52,13 @@ class _Live:
         self.unsharded = [u.padded_numel(k) * sb.unsharded_param for u, k in zip(sc.units, n)]
         self.ugrad = [u.params * sb.unsharded_grad for u in sc.units]
         self.rsbuf = [u.padded_numel(k) * sb.reduce for u, k in zip(sc.units, n)]
+        # A replicate unit is a shard group of one: FSDP2 copies its shards straight into
+        # the unsharded parameters (`FSDPParamGroup.unshard` / `wait_for_unshard`,
+        # `world_size == 1`): no AllGather output exists and none is held over.
+        self.agbuf = [0 if s is Strategy.REPLICATE else b for s, b in zip(sc.strategies, self.unsharded)]
+        # Launched-but-unused AllGathers (prefetches) are counted at the world's padding
+        # for every strategy, as the MILP counts them (linear in its launch variables).
+        self.pend = [u.padded_numel(w) * sb.unsharded_param for u in sc.units]
         self.persist_params = sum(self.shard) * sb.param
         self.persist_opt = sum(self.shard) * sb.optimizer
 
@@ -75,7 +82,7 @@ class _Live:
                 if launch is None or use <= s:
                     continue
                 if launch < s or (launch == s and include_launched_here):
-                    total += self.unsharded[i]
+                    total += self.pend[i]
         return total
 
     def sharded_grads(self, s: int) -> int:
@@ -104,13 +111,13 @@ def _mb(live: _Live, *, unsharded=0, grads=0, act=0, comm=0, opt_extra=0) -> Mem
 
 def _forward(live: _Live, i: int) -> list[MemoryBreakdown]:
     sc, s = live.sc, i
-    held_prev = live.unsharded[i - 1] if i > 0 else 0
+    held_prev = live.agbuf[i - 1] if i > 0 else 0
     copyout = _mb(live, unsharded=live.unsharded_live(s),
                   act=live.activations(i - 1),
-                  comm=held_prev + live.unsharded[i] + live.pending_gathers(s, include_launched_here=False))
+                  comm=held_prev + live.agbuf[i] + live.pending_gathers(s, include_launched_here=False))
     compute = _mb(live, unsharded=live.unsharded_live(s),
                   act=live.activations(i) + sc.units[i].workspace_bytes,
-                  comm=live.unsharded[i] + live.pending_gathers(s, include_launched_here=True))
+                  comm=live.agbuf[i] + live.pending_gathers(s, include_launched_here=True))
     return [copyout, compute]
 
 

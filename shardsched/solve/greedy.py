@@ -64,31 +64,34 @@ class Evaluator:
         sb = c.state
         shard = np.array([c.shard[i][s] for i, s in enumerate(ch.strategies)], dtype=np.float64)
         pers = shard.sum() * (sb.param + sb.optimizer) + c.input_bytes
-        nonfs = np.array([s is not FS for s in ch.strategies], dtype=np.float64) * self.unsh
+        unsh = np.array([c.unsh_by[i][s] for i, s in enumerate(ch.strategies)], dtype=np.float64)
+        ag = np.array([s is not REP for s in ch.strategies], dtype=np.float64) * unsh  # `sim.memory.agbuf`
+        nonfs = np.array([s is not FS for s in ch.strategies], dtype=np.float64) * unsh
         U = np.concatenate([[0], np.cumsum(nonfs)])
         G = np.concatenate([np.cumsum((shard * sb.grad)[::-1])[::-1], [0]])
         inc, exc = self._pending(ch, n)
         out = []
         for i in range(n):
-            u, prev = self.unsh[i], self.unsh[i - 1] if i else 0.0
-            out.append(pers + U[i] + max(2 * u + prev + self.act[i] + exc[i],
-                                         2 * u + self.act[i + 1] + c.ws[i] + inc[i]))
+            u, prev = unsh[i] + ag[i], ag[i - 1] if i else 0.0
+            out.append(pers + U[i] + max(u + prev + self.act[i] + exc[i],
+                                         u + self.act[i + 1] + c.ws[i] + inc[i]))
+        rs = [c.rs_by[i][s] for i, s in enumerate(ch.strategies)]
         for s in range(n, 2 * n):
-            out.append(self._backward(ch, s, pers, U, G, inc, exc))
+            out.append(self._backward(ch, s, pers, U, G, inc, exc, unsh, rs))
         out.append(pers + G[0] + int(c.opt_factor * shard.sum() * sb.param))
         return out
 
-    def _backward(self, ch, s, pers, U, G, inc, exc) -> float:
+    def _backward(self, ch, s, pers, U, G, inc, exc, unsh, rs) -> float:
         c, n = self.c, self.p.n
         i = 2 * n - 1 - s
-        held = c.rsbuf[i + 1] if i + 1 < n else 0
+        held = rs[i + 1] if i + 1 < n else 0
         base = pers + U[i] + G[i + 1]
-        u = self.unsh[i]
+        u = unsh[i]
         m = max(u + self.act[i + 1] + c.ws[i] + held + inc[s],  # backward starts
                 u + c.ugrad[i] + self.act[i] + c.ws[i] + held + inc[s],  # backward ends
-                c.ugrad[i] + self.act[i] + c.rsbuf[i] + inc[s])  # reduce
+                c.ugrad[i] + self.act[i] + rs[i] + inc[s])  # reduce
         if ch.strategies[i] is FS:
-            m = max(m, 2 * self.unsh[i] + self.act[i + 1] + held + exc[s])
+            m = max(m, 2 * unsh[i] + self.act[i + 1] + held + exc[s])
         return base + m
 
 

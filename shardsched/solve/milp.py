@@ -116,8 +116,13 @@ class Costs(NamedTuple):
     bwd: list[float]
     shard: list[dict]
     unsharded: list[int]
+    """AllGather output bytes over the world (an upper bound for every strategy)."""
     ugrad: list[int]
     rsbuf: list[int]
+    unsh_by: list[dict]
+    """Unsharded parameter bytes per strategy (dim 0 padded to its shard count)."""
+    rs_by: list[dict]
+    """Reduction input bytes per strategy."""
     act: list[int]
     ws: list[int]
     state: object
@@ -143,6 +148,9 @@ def costs_of(p: Problem) -> Costs:
                  unsharded=[c.padded_numel(w) * sb.unsharded_param for c in p.costs],
                  ugrad=[c.params * sb.unsharded_grad for c in p.costs],
                  rsbuf=[c.padded_numel(w) * sb.reduce for c in p.costs],
+                 unsh_by=[{k: c.padded_numel(shards(k, w)) * sb.unsharded_param for k in (REP, SGO, FS)}
+                          for c in p.costs],
+                 rs_by=[{k: c.padded_numel(shards(k, w)) * sb.reduce for k in (REP, SGO, FS)} for c in p.costs],
                  act=[c.activation_bytes for c in p.costs], ws=[c.workspace_bytes for c in p.costs],
                  state=sb, input_bytes=sc.input_bytes, opt_factor=sc.optimizer_workspace_factor,
                  opt_per_param=optimizer_seconds_per_param(sb, cl))
@@ -298,7 +306,7 @@ class _Build:
         # U[i]: unsharded parameters of non-full_shard units before i (kept until their backward).
         self.U = [self._aux({})]
         for i in range(n - 1):
-            live = {k: (0.0 if k is FS else c.unsharded[i] * g) for k in self.z[i]}
+            live = {k: (0.0 if k is FS else c.unsh_by[i][k] * g) for k in self.z[i]}
             self.U.append(self._aux(_add({self.U[-1]: 1.0}, self.zexpr(i, live))))
 
     def _pending(self, s: int, *, inclusive: bool) -> dict:
@@ -322,12 +330,15 @@ class _Build:
         act = np.concatenate([[0], np.cumsum(c.act)])  # act[i+1] = activations of units 0..i
         base = {self.PP: 1.0, self.PO: 1.0}
         for i in range(n):
-            u, prev = c.unsharded[i], c.unsharded[i - 1] if i else 0
-            live = _add(base, {self.U[i]: 1.0})
-            self._mem(i, _add(live, self._pending(i, inclusive=False)),
-                      (2 * u + prev + act[i] + c.input_bytes) * g, cap)
+            # Its unsharded parameters, its AllGather output and the previous unit's held
+            # over: none for replicate units (`sim.memory`: a shard group of one copies in place).
+            own = self.zexpr(i, {k: (c.unsh_by[i][k] * (1 if k is REP else 2)) * g for k in self.z[i]})
+            prev = self.zexpr(i - 1, {k: 0.0 if k is REP else c.unsh_by[i - 1][k] * g for k in self.z[i - 1]}) if i else {}
+            live = _add(_add(base, {self.U[i]: 1.0}), own)
+            self._mem(i, _add(_add(live, prev), self._pending(i, inclusive=False)),
+                      (act[i] + c.input_bytes) * g, cap)
             self._mem(i, _add(live, self._pending(i, inclusive=True)),
-                      (2 * u + act[i + 1] + c.ws[i] + c.input_bytes) * g, cap)
+                      (act[i + 1] + c.ws[i] + c.input_bytes) * g, cap)
         for s in range(n, 2 * n):
             self._backward_rows(s, base, act, cap)
         opt = {self.PP: 1.0 + c.opt_factor, self.PO: 1.0, self.G[0]: 1.0}
@@ -339,16 +350,19 @@ class _Build:
         copy-out of its backward AllGather when it is full_shard."""
         c, n, g = self.c, self.n, 1.0 / GiB
         i = 2 * n - 1 - s
-        held_rs = c.rsbuf[i + 1] if i + 1 < n else 0
+        held_rs = self.zexpr(i + 1, {k: v * g for k, v in c.rs_by[i + 1].items() if k in self.z[i + 1]}) \
+            if i + 1 < n else {}
+        u = self.zexpr(i, {k: c.unsh_by[i][k] * g for k in self.z[i]})
         live = _add(base, {self.U[i]: 1.0, self.G[i + 1]: 1.0})
         pend = _add(live, self._pending(s, inclusive=True))
-        u, inp = c.unsharded[i], c.input_bytes
-        self._mem(s, pend, (u + act[i + 1] + c.ws[i] + inp + held_rs) * g, cap)
-        self._mem(s, pend, (u + c.ugrad[i] + act[i] + c.ws[i] + inp + held_rs) * g, cap)
-        self._mem(s, pend, (c.ugrad[i] + act[i] + inp + c.rsbuf[i]) * g, cap)
+        inp = c.input_bytes
+        self._mem(s, _add(_add(pend, u), held_rs), (act[i + 1] + c.ws[i] + inp) * g, cap)
+        self._mem(s, _add(_add(pend, u), held_rs), (c.ugrad[i] + act[i] + c.ws[i] + inp) * g, cap)
+        self._mem(s, _add(pend, self.zexpr(i, {k: c.rs_by[i][k] * g for k in self.z[i]})),
+                  (c.ugrad[i] + act[i] + inp) * g, cap)
         if FS in self.z[i]:  # counts only if full_shard: gate with big-M on z[i, FS]
-            terms = _add(live, self._pending(s, inclusive=False))
-            const = (2 * u + act[i + 1] + inp + held_rs) * g
+            terms = _add(_add(live, self._pending(s, inclusive=False)), held_rs)
+            const = (2 * c.unsh_by[i][FS] + act[i + 1] + inp) * g
             big = self._bytes_bound() * g  # more than any moment can hold
             self.m.row(_add(terms, {self.z[i][FS]: big}), hi=cap - const + big)
             self.mem_rows.append((s, terms, const, self.z[i][FS]))

@@ -1,0 +1,30 @@
+"""Run a plan on FSDP2 in one process standing for a worker of `world` (fake process group)
+and measure its peak with FSDPMemTracker (shared by the FSDP2 memory tests)."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from shardsched.runtime.memtrack import tracked_peak_bytes
+from shardsched.runtime.parallelize import parallelize
+
+
+def measured_peak(model: torch.nn.Module, inputs: tuple, plan, *, steps: int = 2) -> int:
+    """FSDPMemTracker's peak over `steps` training steps of `model` sharded by `plan`."""
+    world = plan.world
+    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    try:
+        parallelize(model, plan, mesh=init_device_mesh("cpu", (world,)))
+        opt = (torch.optim.Adam(model.parameters(), lr=1e-3) if plan.optimizer.value == "adam"
+               else torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9))
+
+        def step(_: int) -> None:
+            model(*inputs).backward()
+            opt.step()
+            opt.zero_grad()
+
+        return tracked_peak_bytes(model, opt, step, steps=steps, inputs=inputs)["Total"]
+    finally:
+        dist.destroy_process_group()
