@@ -80,3 +80,25 @@ def test_bad_builders_are_one_line_exit_2(function, fragment, tmp_path, capsys):
 def test_byte_text_needs_a_vocabulary_of_256(capsys):
     assert main(["train", "--model", "gpt:layers=1,hidden=16,heads=2,vocab=100", "--nproc", "1"]) == 2
     assert "vocab 100 < 256" in capsys.readouterr().err
+
+
+def test_checkpoint_and_resume_on_another_worker_count(tmp_path, capsys):
+    """A user model with a batch function: saved by 2 workers at step 3, resumed by 1,
+    the same losses as the uninterrupted run."""
+    import json
+    first, second = tmp_path / "first", tmp_path / "second"
+    common = ["--steps", "6", "--lr", "0.01", "--quiet"]
+    assert main(["train", "--model", spec("mlp_batches"), "--nproc", "2", "--checkpoint-every", "3",
+                 "--run-dir", str(first), *common]) == 0
+    assert main(["train", "--resume", str(first / "checkpoints" / "step_000003"), "--nproc", "1",
+                 "--run-dir", str(second), "--quiet"]) == 0
+    capsys.readouterr()
+
+    def losses(run):
+        return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    whole, resumed = losses(first), losses(second)
+    assert sorted(whole) == [1, 2, 3, 4, 5, 6] and sorted(resumed) == [4, 5, 6]
+    for step in (4, 5, 6):
+        assert resumed[step] == pytest.approx(whole[step], rel=1e-5), step
+    summary = json.loads((second / "summary.json").read_text())
+    assert summary["start_step"] == 3 and summary["world"] == 1 and summary["model"] == spec("mlp_batches")
