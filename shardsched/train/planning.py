@@ -62,7 +62,8 @@ def run_device(cfg: TrainConfig) -> DeviceSpec:
     """The device the planner prices this run on: `--cluster FILE`, else the preset
     closest to this machine. Never a measurement taken now."""
     from shardsched.cost.device import DEVICES, read_cluster_file
-    return read_cluster_file(cfg.cluster) if cfg.cluster else DEVICES[_device_preset()]
+    from shardsched.profile.calibrate import machine_preset
+    return read_cluster_file(cfg.cluster) if cfg.cluster else DEVICES[machine_preset()]
 
 
 def local_profile(cfg: TrainConfig, built: Built, *, world: int, device: DeviceSpec) -> Profile:
@@ -122,14 +123,6 @@ def make_local_plan(cfg: TrainConfig, built: Built, *, world: int, profile: Prof
     plan = make_plan(profile, cluster, strategy=cfg.strategy or "auto",
                      precision=precision, optimizer="adam", memory_budget_bytes=budget)
     return dataclasses.replace(plan, notes=plan.notes + notes)
-
-
-def _device_preset() -> str:
-    """The DEVICES preset closest to this machine's accelerator ("cpu" without one)."""
-    if not torch.cuda.is_available():
-        return "cpu"
-    name = torch.cuda.get_device_name().lower()
-    return next((k for k in ("h100", "a100", "v100") if k in name), "a100")
 
 
 def obtain_plan(cfg: TrainConfig, built: Built, *, mesh: DeviceMesh, rank: int) -> Plan:
