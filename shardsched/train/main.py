@@ -97,14 +97,14 @@ def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
         parse_strategy_spec(cfg.strategy or "auto")
     run_device(cfg)  # a bad --cluster file is one line here
     built, task = check_task(cfg, world=world)  # the model builds and its loss is a scalar
-    for note in task.notes:
-        print(f"note: {note}", file=sys.stderr)
     if cfg.plan:
         load_plan(cfg.plan, model=built.model, world=world)
     if cfg.resume:
         found = ckpt.find_checkpoint(cfg.resume, log=lambda m: print(m, file=sys.stderr))
         cfg = dataclasses.replace(cfg, resume=str(found))
     _check_run_dir_is_free(cfg)
+    for note in task.notes:  # only once the input is good: an error stays one line
+        print(f"note: {note}", file=sys.stderr)
     return cfg
 
 

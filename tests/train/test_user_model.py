@@ -87,7 +87,7 @@ def test_checkpoint_and_resume_on_another_worker_count(tmp_path, capsys):
     the same losses as the uninterrupted run."""
     import json
     first, second = tmp_path / "first", tmp_path / "second"
-    common = ["--steps", "6", "--lr", "0.01", "--quiet"]
+    common = ["--steps", "6", "--lr", "0.01", "--strategy", "full_shard", "--quiet"]
     assert main(["train", "--model", spec("mlp_batches"), "--nproc", "2", "--checkpoint-every", "3",
                  "--run-dir", str(first), *common]) == 0
     assert main(["train", "--resume", str(first / "checkpoints" / "step_000003"), "--nproc", "1",
