@@ -91,7 +91,7 @@ def test_checkpoint_and_resume_on_another_worker_count(tmp_path, capsys):
     assert main(["train", "--model", spec("mlp_batches"), "--nproc", "2", "--checkpoint-every", "3",
                  "--run-dir", str(first), *common]) == 0
     assert main(["train", "--resume", str(first / "checkpoints" / "step_000003"), "--nproc", "1",
-                 "--run-dir", str(second), "--quiet"]) == 0
+                 "--strategy", "full_shard", "--run-dir", str(second), "--quiet"]) == 0
     capsys.readouterr()
 
     def losses(run):
