@@ -1,4 +1,4 @@
-"""The `shardsched` command: plan, train, bench.
+"""The `shardsched` command: plan, train, bench, profile.
 
 Every user mistake is a `UsageError` (or an argparse error): one line on stderr
 naming the problem and the accepted forms, exit status 2, no traceback.
@@ -28,6 +28,8 @@ COMMANDS = {
               "train with a plan on real workers (default: 2 CPU workers, small GPT)"),
     "bench": ("shardsched.train.bench", "add_bench_arguments", "run_bench",
               "train under each uniform strategy and a plan; compare time and memory"),
+    "profile": ("shardsched.profile.command", "add_profile_arguments", "run_profile",
+                "calibrate this machine (links, compute efficiency, FSDP2 overhead) into a --cluster file"),
 }
 
 

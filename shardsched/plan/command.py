@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 
 from shardsched.cost.bytes import parse_bytes
-from shardsched.cost.device import DEVICES, Cluster
+from shardsched.cost.device import DEVICES, Cluster, read_cluster_file
 from shardsched.errors import UsageError
 from shardsched.solve.build import make_plan, plan_from_scenario
 from shardsched.plan.schedule import scenario_for
@@ -26,6 +26,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a("--world", type=int, default=8, help="data-parallel workers (default 8)")
     a("--gpus-per-node", type=int, default=None, help="workers per node; must divide --world (default min(8, world))")
     a("--device", default=None, help=f"device preset: {', '.join(DEVICES)} (default h100; cpu for python: models)")
+    a("--cluster", default=None, help="cluster file from `shardsched profile --out`: replaces the --device preset")
     a("--micro-batch", type=int, default=1, help="sequences per worker per step (default 1)")
     a("--seq", type=int, default=None, help="tokens per sequence (default: the model's)")
     a("--precision", choices=[p.value for p in Precision], default=None,
@@ -49,6 +50,8 @@ def cluster_from_args(args: argparse.Namespace, *, python_model: bool) -> Cluste
     gpn = args.gpus_per_node or min(8, args.world)
     if gpn < 1 or args.world % min(gpn, args.world):
         raise UsageError(f"--gpus-per-node {gpn} must divide --world {args.world} (e.g. 8 for world 64)")
+    if getattr(args, "cluster", None):
+        return Cluster(world=args.world, gpus_per_node=gpn, device=read_cluster_file(args.cluster))
     name = args.device or ("cpu" if python_model else "h100")
     if name not in DEVICES:
         raise UsageError(f"unknown device {name!r}; accepted: {', '.join(DEVICES)}")

@@ -33,6 +33,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     a("--batch", type=int, default=8, help="global batch in sequences (default 8)")
     a("--seq", type=int, default=128, help="tokens per sequence (default 128)")
     a("--run-dir", default=None, help="output directory (default runs/bench-<timestamp>)")
+    a("--cluster", default=None, help="cluster file from `shardsched profile --out` pricing the plans' predictions "
+                                      "(default: this machine's device preset)")
     a("--json", action="store_true", help="print the results as JSON instead of a table")
 
 
@@ -79,8 +81,14 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def error(predicted, measured) -> float | None:
+    """(predicted - measured) / measured: positive when the plan over-predicts."""
+    return (predicted - measured) / measured if predicted is not None and measured else None
+
+
 def bench_rows(results: dict) -> list[dict]:
-    """Per variant: median step time, tokens/s, measured peak, and ratios vs full_shard."""
+    """Per variant: median step time, tokens/s, measured peak, ratios vs full_shard,
+    and the plan's predictions with their relative errors."""
     ref = results.get("full_shard", {})
     rows = []
     for label, s in results.items():
@@ -90,6 +98,8 @@ def bench_rows(results: dict) -> list[dict]:
                      "predicted_peak_bytes": s["predicted_peak_bytes"],
                      "step_ratio": _ratio(step, ref.get("measured_step_seconds")),
                      "peak_ratio": _ratio(peak, ref.get("measured_peak_bytes")),
+                     "step_error": error(s["predicted_step_seconds"], step),
+                     "peak_error": error(s["predicted_peak_bytes"], peak),
                      "last_loss": s["last_loss"]})
     return rows
 
@@ -103,13 +113,14 @@ def print_bench(results: dict, *, world: int, steps: int, model: str) -> None:
 
     from shardsched._fmt import console, fmt_bytes
     table = Table(title=f"shardsched bench: {model}, {world} workers, {steps} steps per variant")
-    for col in ("variant", "step (median)", "tokens/s", "peak/worker", "step vs full_shard",
-                "peak vs full_shard", "predicted step", "predicted peak"):
+    for col in ("variant", "step (median)", "predicted step", "error", "peak/worker", "predicted peak", "error",
+                "tokens/s", "step vs full_shard", "peak vs full_shard"):
         table.add_column(col, justify="left" if col == "variant" else "right")
     fmt = lambda r: "n/a" if r is None else f"{r:.2f}x"  # noqa: E731
+    pct = lambda e: "n/a" if e is None else f"{e:+.0%}"  # noqa: E731
     for r in bench_rows(results):
-        table.add_row(r["variant"], f"{r['step_seconds'] * 1e3:.1f} ms", f"{r['tokens_per_s']:,.0f}",
-                      fmt_bytes(r["peak_bytes"]), fmt(r["step_ratio"]), fmt(r["peak_ratio"]),
-                      f"{r['predicted_step_seconds'] * 1e3:.1f} ms", fmt_bytes(r["predicted_peak_bytes"]))
+        table.add_row(r["variant"], f"{r['step_seconds'] * 1e3:.1f} ms", f"{r['predicted_step_seconds'] * 1e3:.1f} ms",
+                      pct(r["step_error"]), fmt_bytes(r["peak_bytes"]), fmt_bytes(r["predicted_peak_bytes"]),
+                      pct(r["peak_error"]), f"{r['tokens_per_s']:,.0f}", fmt(r["step_ratio"]), fmt(r["peak_ratio"]))
     console().print(table)
 

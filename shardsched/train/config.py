@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from shardsched.errors import UsageError
-from shardsched.models.gpt import GPT, GPTConfig
+from shardsched.models.gpt import GPTConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,6 +53,9 @@ class TrainConfig:
     """No progress bar and no final table."""
     measure_memory: bool = True
     """Measure peak memory (FSDPMemTracker on CPU for the first steps)."""
+    cluster: str | None = None
+    """Cluster file (`shardsched profile --out`) pricing links and compute for the
+    plan; None: the device preset of this machine (`train.planning.run_device`)."""
 
 
 def model_config(spec: str, *, seq: int) -> GPTConfig:
@@ -60,13 +63,14 @@ def model_config(spec: str, *, seq: int) -> GPTConfig:
     from shardsched.models.spec import parse_model_spec
     cfg = parse_model_spec(spec).config  # UsageError on a bad spec
     if cfg is None:
-        raise UsageError(f"--model {spec}: training needs a GPT model (a preset or gpt:key=value,...)")
+        raise UsageError(f"--model {spec}: not a GPT config (a preset or gpt:key=value,...)")
     if cfg.vocab < 256:
         raise UsageError(f"--model {spec}: vocab {cfg.vocab} < 256 cannot hold byte-level text")
     return dataclasses.replace(cfg, seq=seq) if cfg.learned_pos else cfg
 
 
-def build_model(cfg: TrainConfig) -> GPT:
-    """The same initial weights on every worker (seeded, built before sharding)."""
-    torch.manual_seed(cfg.seed)
-    return GPT(model_config(cfg.model, seq=cfg.seq))
+def build_model(cfg: TrainConfig, *, world: int = 1) -> torch.nn.Module:
+    """The same initial weights on every worker (seeded, built before sharding);
+    any model `--model` names (see `train.task`)."""
+    from shardsched.train.task import build
+    return build(cfg, world=world).model

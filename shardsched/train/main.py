@@ -26,7 +26,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     a("--nproc", type=int, default=2, help="local workers to spawn (ignored under torchrun/SLURM)")
     a("--steps", type=int, default=None, help=f"total optimizer steps (default {DEFAULT_STEPS})")
     a("--seed", type=int, default=None, help="seed for initialisation and batches (default 0)")
-    a("--model", default=None, help="model spec: preset (tiny, small) or gpt:key=value,... (default tiny)")
+    a("--model", default=None, help="model spec: preset (tiny, small), gpt:key=value,... or python:module:function "
+                                    "returning (model, example_inputs[, batch_fn]) (see shardsched.train.task; default tiny)")
     a("--data", default=None, help="text file to train on (default: the Python standard library sources)")
     a("--strategy", default=None,
       help='full_shard | shard_grad_op | replicate | auto, with overrides like "full_shard,blocks.0-1=replicate" '
@@ -42,11 +43,13 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     a("--eval-every", type=int, default=None, help="validation loss every N steps (default 100; 0: never)")
     a("--precision", choices=["fp32", "bf16-mixed"], default=None,
       help="fp32, or bf16 gathers and compute with fp32 master weights and reductions (default fp32)")
+    a("--cluster", default=None, help="cluster file from `shardsched profile --out` (default: this machine's device preset)")
     a("--quiet", action="store_true", help="no progress bar and no final table")
 
 
 # Flags a resumed run takes from the saved config.json unless given again.
-_FROM_SAVED = ("steps", "seed", "model", "data", "batch", "seq", "lr", "eval_every", "checkpoint_every", "precision")
+_FROM_SAVED = ("steps", "seed", "model", "data", "batch", "seq", "lr", "eval_every", "checkpoint_every", "precision",
+               "cluster")
 _DEFAULTS = {"steps": DEFAULT_STEPS, "seed": 0, "model": "tiny", "batch": 8, "seq": 128, "lr": 3e-3,
              "eval_every": 100, "checkpoint_every": 0, "precision": "fp32"}
 
@@ -80,9 +83,8 @@ def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
     checkpoint to resume from resolved (messages about skipped ones printed here)."""
     from shardsched.plan.spec import parse_strategy_spec
     from shardsched.train import checkpoint as ckpt
-    from shardsched.train.data import check_divisible, load_text
-    from shardsched.train.config import build_model
-    from shardsched.train.planning import load_plan
+    from shardsched.train.planning import load_plan, run_device
+    from shardsched.train.task import check_task
     for name in ("steps", "seq"):
         if getattr(cfg, name) < 1:
             raise UsageError(f"--{name} must be at least 1, got {getattr(cfg, name)}")
@@ -91,17 +93,18 @@ def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
             raise UsageError(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(cfg, name)}")
     if cfg.lr <= 0:
         raise UsageError(f"--lr must be positive, got {cfg.lr}")
-    check_divisible(batch=cfg.batch, world=world)
     if cfg.plan is None:
         parse_strategy_spec(cfg.strategy or "auto")
-    load_text(cfg.data, batch=cfg.batch, seq=cfg.seq)
-    model = build_model(cfg)
+    run_device(cfg)  # a bad --cluster file is one line here
+    built, task = check_task(cfg, world=world)  # the model builds and its loss is a scalar
     if cfg.plan:
-        load_plan(cfg.plan, model=model, world=world)
+        load_plan(cfg.plan, model=built.model, world=world)
     if cfg.resume:
         found = ckpt.find_checkpoint(cfg.resume, log=lambda m: print(m, file=sys.stderr))
         cfg = dataclasses.replace(cfg, resume=str(found))
     _check_run_dir_is_free(cfg)
+    for note in task.notes:  # only once the input is good: an error stays one line
+        print(f"note: {note}", file=sys.stderr)
     return cfg
 
 

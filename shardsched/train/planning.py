@@ -1,7 +1,15 @@
 """Where a run's plan comes from: --plan, or profiled and planned here.
 
 Rank 0 loads or makes the plan and every worker receives the same one, so all
-workers shard identically; the group's link is measured by all of them first.
+workers shard identically.
+
+[Note: deterministic plans. The same command must give the same plan on every
+run (issue 7), so nothing the planner reads is a timing taken at start: links
+and compute are priced from the device preset of this machine or from a
+`--cluster` file (`shardsched profile --out`), GPT configs are profiled
+analytically for that device, and only models given as code are measured
+(`local_profile`: min of repeats, times rounded), until traced profiles on fake
+tensors replace that measurement.]
 """
 from __future__ import annotations
 
@@ -12,10 +20,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from shardsched.cost.device import DeviceSpec
 from shardsched.errors import UsageError
 from shardsched.core.types import Plan
+from shardsched.profile.types import LayerProfile, Profile
 from shardsched.train.config import TrainConfig
-from shardsched.models.gpt import GPT
+from shardsched.train.task import Built
+
+SIGNIFICANT_DIGITS = 2
+"""Measured seconds are rounded to this many significant digits before planning."""
+MEASURE_REPEATS = 5
+"""Timed steps per measured profile; each layer keeps its fastest (noise only adds time)."""
 
 
 def share_from_rank0(make, *, mesh: DeviceMesh, rank: int):
@@ -43,38 +58,62 @@ def load_plan(path: str, *, model: torch.nn.Module, world: int) -> Plan:
     return plan
 
 
-def local_profile(cfg: TrainConfig, model: GPT, *, world: int):
-    """One worker's micro-batch profiled on this machine: measured on CPU; on
-    GPUs the analytic profile of the same config (the hooks time host-side
-    launches, not kernels), which has the same layers and fingerprint."""
-    from shardsched.cost.device import DEVICES
+def run_device(cfg: TrainConfig) -> DeviceSpec:
+    """The device the planner prices this run on: `--cluster FILE`, else the preset
+    closest to this machine. Never a measurement taken now."""
+    from shardsched.cost.device import DEVICES, read_cluster_file
+    from shardsched.profile.calibrate import machine_preset
+    return read_cluster_file(cfg.cluster) if cfg.cluster else DEVICES[machine_preset()]
+
+
+def local_profile(cfg: TrainConfig, built: Built, *, world: int, device: DeviceSpec) -> Profile:
+    """The profile a run plans with: the one entry point (traced profiles replace
+    the measured branch when they land). GPT configs: analytic for `device`;
+    other models: measured on this machine on one worker's example inputs, made
+    stable (`stable_profile`)."""
     from shardsched.core.types import Precision
+    from shardsched.models.spec import parse_model_spec
     from shardsched.profile.analytic import analytic_profile
     from shardsched.profile.measure import measure_profile
     from shardsched.profile.resolve import compute_dtype
-    from shardsched.train.config import model_config
-    micro, dtype = cfg.batch // world, compute_dtype(Precision(cfg.precision))
-    if _device_preset() != "cpu":
-        return analytic_profile(model_config(cfg.model, seq=cfg.seq), micro_batch=micro, seq=cfg.seq,
-                                device=DEVICES[_device_preset()], compute_dtype=dtype, name=cfg.model)
-    idx = torch.zeros(micro, cfg.seq, dtype=torch.long)
-    return measure_profile(copy.deepcopy(model), (idx, idx.clone()), name=cfg.model, compute_dtype=dtype)
+    dtype = compute_dtype(Precision(cfg.precision))
+    config = parse_model_spec(cfg.model).config
+    if config is not None:
+        from shardsched.train.config import model_config
+        return analytic_profile(model_config(cfg.model, seq=cfg.seq), micro_batch=max(1, cfg.batch // world),
+                                seq=cfg.seq, device=device, compute_dtype=dtype, name=cfg.model)
+    profile = measure_profile(copy.deepcopy(built.model), built.example_inputs, name=cfg.model,
+                              compute_dtype=dtype, repeats=MEASURE_REPEATS)
+    return stable_profile(profile)
 
 
-def make_local_plan(cfg: TrainConfig, model: GPT, *, world: int, link=None, profile=None) -> Plan:
+def _round(x: float) -> float:
+    return float(f"{x:.{SIGNIFICANT_DIGITS}g}")
+
+
+def _stable_layer(layer: LayerProfile) -> LayerProfile:
+    return dataclasses.replace(layer, forward_seconds=_round(layer.forward_seconds),
+                               backward_seconds=_round(layer.backward_seconds),
+                               children=tuple(_stable_layer(c) for c in layer.children))
+
+
+def stable_profile(profile: Profile) -> Profile:
+    """Seconds rounded to SIGNIFICANT_DIGITS: run-to-run noise below that cannot move a plan."""
+    return dataclasses.replace(profile, layers=tuple(_stable_layer(layer) for layer in profile.layers))
+
+
+def make_local_plan(cfg: TrainConfig, built: Built, *, world: int, profile: Profile | None = None) -> Plan:
     """Plan this model for `world` workers of this machine (profiling it unless given).
 
     With neither --strategy nor --memory-budget (the embedded default) the plan
     is automatic under `solve.auto.default_budget`, so the run shows a mixed plan."""
-    from shardsched.cost.device import DEVICES, Cluster
+    from shardsched.cost.device import Cluster
     from shardsched.solve.auto import default_budget
     from shardsched.solve.build import make_plan
     from shardsched.core.types import Optimizer, Precision
     precision = Precision(cfg.precision)
-    profile = profile or local_profile(cfg, model, world=world)
-    device = DEVICES[_device_preset()]
-    if link is not None:  # this group's measured AllGather latency and bandwidth
-        device = dataclasses.replace(device, intra=link, inter=link)
+    device = run_device(cfg)
+    profile = profile or local_profile(cfg, built, world=world, device=device)
     cluster = Cluster(world=world, gpus_per_node=world, device=device)
     budget, notes = cfg.memory_budget_bytes, ()
     if cfg.strategy in (None, "auto") and budget is None:
@@ -86,28 +125,10 @@ def make_local_plan(cfg: TrainConfig, model: GPT, *, world: int, link=None, prof
     return dataclasses.replace(plan, notes=plan.notes + notes)
 
 
-def _device_preset() -> str:
-    """The DEVICES preset closest to this machine's accelerator ("cpu" without one)."""
-    if not torch.cuda.is_available():
-        return "cpu"
-    name = torch.cuda.get_device_name().lower()
-    return next((k for k in ("h100", "a100", "v100") if k in name), "a100")
-
-
-def obtain_plan(cfg: TrainConfig, model: GPT, *, mesh: DeviceMesh, rank: int) -> Plan:
-    """Rank 0 loads or makes the plan; every worker gets the same one. A plan
-    made here prices communication with this group's measured link
-    (`profile.collectives.measure_link`, a collective: every rank takes part)."""
-    from shardsched.profile.collectives import measure_link
-    link = profile = None
-    if not cfg.plan:
-        link = measure_link(group=mesh.get_group(), device=torch.device(mesh.device_type))
-        # Every worker profiles at once, so the times carry the contention of a real
-        # step (workers sharing cores and memory bandwidth); rank 0's are used.
-        profile = local_profile(cfg, model, world=mesh.size())
-
+def obtain_plan(cfg: TrainConfig, built: Built, *, mesh: DeviceMesh, rank: int) -> Plan:
+    """Rank 0 loads or makes the plan; every worker gets the same one."""
     def make() -> str:
-        plan = (load_plan(cfg.plan, model=model, world=mesh.size()) if cfg.plan
-                else make_local_plan(cfg, model, world=mesh.size(), link=link, profile=profile))
+        plan = (load_plan(cfg.plan, model=built.model, world=mesh.size()) if cfg.plan
+                else make_local_plan(cfg, built, world=mesh.size()))
         return plan.to_json()
     return Plan.from_json(share_from_rank0(make, mesh=mesh, rank=rank))

@@ -1,10 +1,13 @@
-"""The training loop: a GPT, a plan, FSDP2 via `parallelize`, AdamW, metrics, checkpoints.
+"""The training loop: a model, a plan, FSDP2 via `parallelize`, AdamW, metrics, checkpoints.
 
-`train(cfg, mesh=..., rank=...)` runs on every worker (see `launcher`). The
-global batch of `cfg.batch` sequences is split evenly across workers; each
-worker's loss is the mean over its rows and FSDP2 averages gradients over the
-world, so every step applies the global-batch mean gradient whatever the
-number of workers. Everything is a function of `cfg.seed` and the step number.
+`train(cfg, mesh=..., rank=...)` runs on every worker (see `launcher`). What it
+trains and each rank's inputs for a step come from `train.task` (the text corpus
+for language models, a user's batch function otherwise); the loop only calls
+`model(*inputs)` for the loss. For text, the global batch of `cfg.batch` sequences
+is split evenly across workers; each worker's loss is the mean over its rows and
+FSDP2 averages gradients over the world, so every step applies the global-batch
+mean gradient whatever the number of workers. Everything is a function of
+`cfg.seed` and the step number.
 """
 from __future__ import annotations
 
@@ -26,8 +29,8 @@ from shardsched._fmt import fmt_bytes
 from shardsched.errors import UsageError
 from shardsched.core.types import Plan
 from shardsched.train import checkpoint as ckpt
-from shardsched.train.data import TextData, check_divisible, get_batch, load_text
-from shardsched.train.config import TrainConfig, build_model
+from shardsched.train.config import TrainConfig
+from shardsched.train.task import Task, build, check_loss, make_task, to_device
 from shardsched.train.planning import obtain_plan, share_from_rank0
 from shardsched.train.report import print_summary
 
@@ -70,7 +73,7 @@ class _Run:
     device: torch.device
     model: torch.nn.Module
     opt: torch.optim.Optimizer
-    data: TextData
+    task: Task
     plan: Plan
     losses: list = field(default_factory=list)
     step_seconds: list = field(default_factory=list)
@@ -98,13 +101,11 @@ def _maybe_fail(rank: int, step: int) -> None:
 def _train_step(run: _Run, step: int) -> float:
     """One optimizer step on global batch `step`; returns the mean loss over workers."""
     cfg, world = run.cfg, run.mesh.size()
-    x, y = get_batch(run.data.train, seed=cfg.seed, step=step, batch=cfg.batch, seq=cfg.seq,
-                     rank=run.rank, world=world)
-    x, y = x.to(run.device), y.to(run.device)
+    inputs = to_device(run.task.train_batch(step, run.rank, world), run.device)
     for group in run.opt.param_groups:
         group["lr"] = lr_at(step, steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup)
     _maybe_fail(run.rank, step + 1)
-    loss = run.model(x, y)
+    loss = check_loss(run.model(*inputs), cfg.model)
     loss.backward()
     run.opt.step()
     run.opt.zero_grad(set_to_none=True)
@@ -117,9 +118,7 @@ def evaluate(run: _Run) -> float:
     cfg, world = run.cfg, run.mesh.size()
     total = torch.zeros((), device=run.device)
     for i in range(cfg.eval_batches):
-        x, y = get_batch(run.data.val, seed=cfg.seed, step=i, batch=cfg.batch, seq=cfg.seq,
-                         rank=run.rank, world=world, salt=1)
-        total += run.model(x.to(run.device), y.to(run.device))
+        total += run.model(*to_device(run.task.eval_batch(i, run.rank, world), run.device))
     return _mean_over_workers(total / cfg.eval_batches, run.mesh)
 
 
@@ -140,7 +139,7 @@ def _prepare_metrics(cfg: TrainConfig, start_step: int) -> None:
 def _record(run: _Run, step: int, loss: float, seconds: float, val_loss: float | None) -> None:
     if run.rank != 0:
         return
-    tokens = run.cfg.batch * run.cfg.seq
+    tokens = run.task.tokens_per_step
     row = {"step": step + 1, "loss": loss, "tokens_per_s": tokens / seconds, "step_seconds": seconds,
            "lr": lr_at(step, steps=run.cfg.steps, lr=run.cfg.lr, warmup=run.cfg.warmup)}
     if val_loss is not None:
@@ -155,7 +154,8 @@ def _run_steps(run: _Run, steps: range, *, bar) -> None:
         t0 = time.perf_counter()
         loss = _train_step(run, step)
         seconds = time.perf_counter() - t0
-        val = evaluate(run) if cfg.eval_every and (step + 1) % cfg.eval_every == 0 else None
+        val = evaluate(run) if run.task.eval_batch and cfg.eval_every and (step + 1) % cfg.eval_every == 0 \
+            else None
         run.losses.append(loss)
         run.step_seconds.append(seconds)
         _record(run, step, loss, seconds, val)
@@ -164,7 +164,7 @@ def _run_steps(run: _Run, steps: range, *, bar) -> None:
                                  mesh=run.mesh, rank=run.rank,
                                  meta={"data_position": step + 1, "world": run.mesh.size(),
                                        "config": dataclasses.asdict(cfg)})
-        bar.update(step + 1, loss, cfg.batch * cfg.seq / seconds)
+        bar.update(step + 1, loss, run.task.tokens_per_step / seconds)
 
 
 def _measure_cpu_peak(run: _Run) -> int | None:
@@ -177,15 +177,14 @@ def _measure_cpu_peak(run: _Run) -> int | None:
     from shardsched.runtime.parallelize import parallelize
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     cfg, world = run.cfg, run.mesh.size()
-    model = parallelize(build_model(cfg), run.plan, mesh=run.mesh)
+    model = parallelize(build(cfg, world=world).model, run.plan, mesh=run.mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    batches = [get_batch(run.data.train, seed=cfg.seed, step=s, batch=cfg.batch, seq=cfg.seq,
-                         rank=run.rank, world=world) for s in range(MEASURED_STEPS)]
+    batches = [run.task.train_batch(s, run.rank, world) for s in range(MEASURED_STEPS)]
     tracker = FSDPMemTracker(model, opt)
     tracker.track_inputs(batches[0])
     with tracker:
-        for x, y in batches:
-            model(x, y).backward()
+        for inputs in batches:
+            model(*inputs).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
             tracker.reset_mod_stats()  # the tracker refuses a second iteration otherwise
@@ -258,17 +257,17 @@ def _write_run_files(cfg: TrainConfig, plan: Plan) -> None:
 def _setup(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.device, plan: Plan | None) -> _Run:
     """Data, model, plan, parallelize, optimizer: the same on every worker."""
     from shardsched.runtime.parallelize import parallelize
-    check_divisible(batch=cfg.batch, world=mesh.size())
-    data = load_text(cfg.data, batch=cfg.batch, seq=cfg.seq)
-    model = build_model(cfg)
-    plan = plan or obtain_plan(cfg, model, mesh=mesh, rank=rank)
+    built = build(cfg, world=mesh.size())
+    task = make_task(cfg, built, world=mesh.size())
+    model = built.model
+    plan = plan or obtain_plan(cfg, built, mesh=mesh, rank=rank)
     if rank == 0:
         _write_run_files(cfg, plan)
     model.to(device)
     parallelize(model, plan, mesh=mesh)
     # The optimizer sees the sharded parameters (DTensors), so its state is sharded too.
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return _Run(cfg=cfg, mesh=mesh, rank=rank, device=device, model=model, opt=opt, data=data, plan=plan)
+    return _Run(cfg=cfg, mesh=mesh, rank=rank, device=device, model=model, opt=opt, task=task, plan=plan)
 
 
 def train(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.device | None = None,
@@ -322,8 +321,8 @@ def _summary(run: _Run, start: int, peaks: list) -> dict:
         "predicted_peak_bytes": plan.predicted.peak_bytes,
         "measured_step_seconds": median,
         "predicted_step_seconds": plan.predicted.step_seconds,
-        "tokens_per_s": cfg.batch * cfg.seq / median if median else None,
+        "tokens_per_s": run.task.tokens_per_step / median if median else None,
         "units": [{"name": u.name, "layers": list(u.layers), "strategy": u.strategy.value} for u in plan.units],
-        "notes": list(plan.notes),
+        "notes": list(plan.notes) + list(run.task.notes),
         "fingerprint": plan.fingerprint,
     }

@@ -10,8 +10,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from shardsched.core.types import Plan, Strategy, Unit
 from shardsched.profile.fingerprint import fingerprint
-from shardsched.train.data import get_batch, load_text
 from shardsched.train.config import TrainConfig, build_model
+from shardsched.train.task import build, make_task
 from shardsched.train.trainer import lr_at, train
 
 TINY = "gpt:layers=2,hidden=32,heads=2,seq=16"
@@ -62,17 +62,17 @@ def reference_run(cfg: TrainConfig, *, chunks: int = 1) -> tuple[list[float], di
     same arithmetic as W workers (the summation order differs from chunks=1 only
     in the last bits, which Adam amplifies for near-zero gradients)."""
     torch.set_num_threads(1)  # as the workers: thread count changes matmul summation order
-    data = load_text(cfg.data, batch=cfg.batch, seq=cfg.seq)
-    model = build_model(cfg)
+    built = build(cfg, world=1)
+    task, model = make_task(cfg, built, world=1), built.model
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     losses = []
     for step in range(cfg.steps):
-        x, y = get_batch(data.train, seed=cfg.seed, step=step, batch=cfg.batch, seq=cfg.seq)
+        inputs = task.train_batch(step, 0, 1)  # the whole global batch
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup)
         loss = 0.0
-        for xc, yc in zip(x.chunk(chunks), y.chunk(chunks)):
-            part = model(xc, yc)  # one worker's loss: the mean over its rows
+        for part_inputs in zip(*(t.chunk(chunks) for t in inputs)):
+            part = model(*part_inputs)  # one worker's loss: the mean over its rows
             part.backward()
             loss += part.item() / chunks
         for p in model.parameters():
@@ -103,5 +103,12 @@ def train_worker(ctx, cfg: TrainConfig) -> None:
 def auto_worker(ctx, cfg: TrainConfig, out: str) -> None:
     """Train under the plan the trainer makes itself (auto, cfg's budget)."""
     res = train(cfg, mesh=ctx.mesh, rank=ctx.rank)
+    if ctx.rank == 0:
+        torch.save((list(res.losses), res.summary), out)
+
+
+def plan_worker(ctx, cfg: TrainConfig, plan: Plan, out: str) -> None:
+    """Train under one given plan; rank 0 saves the losses and the summary."""
+    res = train(cfg, mesh=ctx.mesh, rank=ctx.rank, plan=plan)
     if ctx.rank == 0:
         torch.save((list(res.losses), res.summary), out)

@@ -1,0 +1,289 @@
+"""Calibrate a DeviceSpec on the machine it runs on (`shardsched profile --out cluster.json`).
+
+Every worker of a real process group takes part, so the figures carry what a
+training step meets: the real backend (gloo on CPU, NCCL on GPUs) and workers
+sharing cores and memory bandwidth. Measured, then fitted:
+
+* links: AllGather, ReduceScatter and AllReduce over a sweep of message sizes,
+  fitted to the alpha-beta ring model `cost.comm` prices them with,
+      t = k (N-1) alpha + k (N-1)/N M / bw      (k = 1 for AG/RS, 2 for AR),
+  by least squares on relative residuals (small messages weigh as much as large);
+* compute: forward+backward of matmul-class (`x @ w`), attention-class
+  (`scaled_dot_product_attention`) and other (elementwise) ops at a few sizes,
+  fitted as t = FLOPs / (peak_flops * efficiency) per class (`DeviceSpec.efficiency`);
+* the optimizer step (AdamW): `DeviceSpec.memory_bandwidth`, as `plan.schedule`
+  prices it (every persistent byte read and written once);
+* FSDP2's host time per unit (`DeviceSpec.unit_overhead_seconds`): the same
+  stack of small layers as one plain module and as one `fully_shard` unit per
+  layer, on a group of one worker (its collectives are copies, so the
+  difference is FSDP2's own work), divided by the number of layers.
+
+Every timing is the fastest of `repeats` after one warm-up (noise on a shared
+machine only adds time); each rank measures at once, and the slowest rank's
+figure is kept (a step waits for its slowest worker).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable, NamedTuple, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from scipy.optimize import nnls
+
+from shardsched.cost.comm import Collective
+from shardsched.cost.device import DeviceSpec, Link
+
+MESSAGE_BYTES = tuple(4 ** k * 1024 for k in range(1, 8))
+"""The sweep: 4 KiB to 16 MiB, unsharded message bytes."""
+MATMULS = ((512, 128, 384), (512, 128, 512), (512, 512, 128), (1024, 256, 256), (2048, 128, 256))
+"""(m, k, n) of `x[m,k] @ w[k,n]`: the shapes of small transformer layers."""
+ATTENTIONS = ((4, 4, 128, 32), (2, 4, 256, 32), (4, 8, 128, 16))
+"""(batch, heads, seq, head_dim) of causal scaled_dot_product_attention."""
+ELEMENTWISE = (1 << 16, 1 << 18, 1 << 20)
+"""Elements of the GELU the `other` class times."""
+OVERHEAD_LAYERS = 8
+"""Layers (one unit each) of the model that measures FSDP2's per-unit host time."""
+
+
+class LinkFit(NamedTuple):
+    """alpha and bandwidth of one link, and how far the fit is from the timings."""
+
+    alpha_seconds: float
+    bandwidth: float
+    rel_error: float
+    """Root mean square of (fitted - measured) / measured over the sweep."""
+
+
+class ClassFit(NamedTuple):
+    """One op class: fraction of peak FLOP/s, and the fit's relative error."""
+
+    efficiency: float
+    rel_error: float
+
+
+class Sample(NamedTuple):
+    """One timed collective: kind, unsharded message bytes, seconds."""
+
+    kind: Collective
+    nbytes: int
+    seconds: float
+
+
+# ---------------------------------------------------------------- fits (pure)
+
+def ring_coefficients(kind: Collective, nbytes: float, world: int) -> tuple[float, float]:
+    """(coefficient of alpha, coefficient of 1/bandwidth) in `cost.comm`'s ring time."""
+    passes = 2 if kind is Collective.ALL_REDUCE else 1
+    return passes * (world - 1), passes * (world - 1) / world * nbytes
+
+
+def fit_link(samples: Sequence[Sample], *, world: int) -> LinkFit:
+    """Least squares alpha >= 0, 1/bw >= 0 for t = a(kind) alpha + b(kind, M) / bw, each
+    row divided by its measured time (relative residuals). Exact on exact timings."""
+    if world < 2 or not samples:
+        raise ValueError("fitting a link needs timings of at least 2 workers")
+    rows = np.array([ring_coefficients(s.kind, s.nbytes, world) for s in samples], dtype=float)
+    t = np.array([s.seconds for s in samples], dtype=float)
+    (alpha, inv_bw), _ = nnls(rows / t[:, None], np.ones_like(t))
+    fitted = rows @ np.array([alpha, inv_bw])
+    bandwidth = 1.0 / inv_bw if inv_bw > 0 else math.inf
+    return LinkFit(alpha_seconds=float(alpha), bandwidth=float(bandwidth), rel_error=_rms((fitted - t) / t))
+
+
+def fit_efficiency(flops: Sequence[float], seconds: Sequence[float], *, peak_flops: float) -> ClassFit:
+    """t = F / (peak * eff): the x = 1/(peak * eff) minimising sum(((F x - t) / t)^2),
+    x = sum(F/t) / sum((F/t)^2) in closed form."""
+    r = np.asarray(flops, dtype=float) / np.asarray(seconds, dtype=float)
+    x = r.sum() / (r * r).sum()
+    return ClassFit(efficiency=float(1.0 / (x * peak_flops)), rel_error=_rms(r * x - 1.0))
+
+
+def _rms(v: np.ndarray) -> float:
+    return float(np.sqrt(np.mean(np.square(v)))) if len(v) else 0.0
+
+
+# ---------------------------------------------------------------- timing
+
+def fastest(fn: Callable[[], None], *, repeats: int, sync: Callable[[], None] = lambda: None,
+            before: Callable[[], None] | None = None) -> float:
+    """Seconds of the fastest of `repeats` calls, after one warm-up call; `before`
+    (default `sync`) runs untimed ahead of each call."""
+    before = before or sync
+    fn()
+    best = math.inf
+    for _ in range(repeats):
+        before()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def machine_preset() -> str:
+    """The DEVICES preset closest to this machine's accelerator ("cpu" without one)."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    name = torch.cuda.get_device_name().lower()
+    return next((k for k in ("h100", "a100", "v100") if k in name), "a100")
+
+
+def _syncer(device: torch.device) -> Callable[[], None]:
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+def _collective_fn(kind: Collective, nbytes: int, *, group, device: torch.device) -> tuple[Callable[[], None], int]:
+    """The collective on an unsharded message of about `nbytes`, and its exact bytes."""
+    world = dist.get_world_size(group)
+    shard = torch.ones(max(1, nbytes // 4 // world), dtype=torch.float32, device=device)
+    full = torch.ones(shard.numel() * world, dtype=torch.float32, device=device)
+    if kind is Collective.ALL_GATHER:
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        fn = lambda: gather(full, shard, group=group)  # noqa: E731
+    elif kind is Collective.REDUCE_SCATTER:
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        fn = lambda: scatter(shard, full, group=group)  # noqa: E731
+    else:
+        fn = lambda: dist.all_reduce(full, group=group)  # noqa: E731
+    return fn, full.nbytes
+
+
+def time_collectives(*, group, device: torch.device, sizes: Sequence[int] = MESSAGE_BYTES,
+                     repeats: int = 5) -> list[Sample]:
+    """Every collective at every size; all ranks start each timing together (a
+    barrier, then the clock), so a rank's time is the collective's, not its wait."""
+    sync, out = _syncer(device), []
+
+    def together() -> None:
+        sync()
+        dist.barrier(group=group)
+    for kind in Collective:
+        for nbytes in sizes:
+            fn, exact = _collective_fn(kind, nbytes, group=group, device=device)
+            out.append(Sample(kind=kind, nbytes=exact, seconds=fastest(fn, repeats=repeats, sync=sync,
+                                                                       before=together)))
+    return out
+
+
+def _fwd_bwd(make_out: Callable[[], torch.Tensor]) -> Callable[[], None]:
+    def run() -> None:
+        out = make_out()
+        out.backward(torch.ones_like(out))
+    return run
+
+
+def time_compute(*, device: torch.device, dtype: torch.dtype = torch.float32,
+                 repeats: int = 5) -> dict[str, list[tuple[float, float]]]:
+    """{op class: [(FLOPs, seconds)]} for forward+backward of each timed op.
+
+    FLOPs as the profiles count them: 2mkn per matmul forward, 4 b s^2 (h d) per
+    attention forward (`profile.analytic`, no causal halving), one per element per
+    elementwise op; backward twice forward."""
+    sync, out = _syncer(device), {"matmul": [], "attention": [], "other": []}
+    rand = lambda *shape: torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)  # noqa: E731
+    for m, k, n in MATMULS:
+        x, w = rand(m, k), rand(k, n)
+        out["matmul"].append((3 * 2 * m * k * n, fastest(_fwd_bwd(lambda: x @ w), repeats=repeats, sync=sync)))
+    for b, h, s, d in ATTENTIONS:
+        q, kk, v = rand(b, h, s, d), rand(b, h, s, d), rand(b, h, s, d)
+        fn = _fwd_bwd(lambda: F.scaled_dot_product_attention(q, kk, v, is_causal=True))
+        out["attention"].append((3 * 4 * b * s * s * h * d, fastest(fn, repeats=repeats, sync=sync)))
+    for numel in ELEMENTWISE:
+        x = rand(numel)
+        out["other"].append((3 * numel, fastest(_fwd_bwd(lambda: F.gelu(x)), repeats=repeats, sync=sync)))
+    return out
+
+
+def time_optimizer(*, device: torch.device, params: int = 1 << 20, tensors: int = 32,
+                   repeats: int = 5) -> tuple[int, float]:
+    """(parameters, seconds) of one AdamW step over `tensors` fp32 tensors."""
+    ps = [torch.zeros(params // tensors, device=device, requires_grad=True) for _ in range(tensors)]
+    for p in ps:
+        p.grad = torch.ones_like(p)
+    opt = torch.optim.AdamW(ps, lr=1e-3)
+    return params // tensors * tensors, fastest(opt.step, repeats=repeats, sync=_syncer(device))
+
+
+def time_unit_overhead(*, mesh, device: torch.device, layers: int = OVERHEAD_LAYERS, width: int = 64,
+                       repeats: int = 5) -> float:
+    """FSDP2's host seconds per unit per step: (one unit per layer - plain) / layers,
+    on `mesh` (a mesh of one worker, so collectives are local copies)."""
+    from torch.distributed.fsdp import fully_shard
+
+    def step_fn(model: torch.nn.Module) -> Callable[[], None]:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x = torch.randn(width, width, device=device)
+
+        def step() -> None:
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    def stack() -> torch.nn.Sequential:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)]).to(device)
+    sync = _syncer(device)
+    plain = fastest(step_fn(stack()), repeats=repeats, sync=sync)
+    sharded = stack()
+    for layer in sharded:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
+    per_unit = fastest(step_fn(sharded), repeats=repeats, sync=sync)
+    return max(0.0, (per_unit - plain) / layers)
+
+
+# ---------------------------------------------------------------- the whole calibration
+
+class Calibration(NamedTuple):
+    """What `calibrate` found: the fitted device and the quality of each fit."""
+
+    device: DeviceSpec
+    fit: dict
+
+
+def fitted_device(base: DeviceSpec, *, samples: Sequence[Sample], compute: dict, optimizer: tuple[int, float],
+                  unit_overhead: float, world: int, state_bytes_at_rest: int) -> Calibration:
+    """`base` with every measured figure replaced (the inter-node link stays the
+    base's: one node cannot measure it). Pure: the numbers in, the spec out."""
+    fits = {c: fit_efficiency([f for f, _ in v], [t for _, t in v], peak_flops=base.peak_flops)
+            for c, v in compute.items()}
+    params, seconds = optimizer
+    changes = dict(efficiency={c: f.efficiency for c, f in fits.items()}, mfu=fits["matmul"].efficiency,
+                   memory_bandwidth=2 * state_bytes_at_rest * params / seconds,
+                   unit_overhead_seconds=unit_overhead)
+    report = {"compute": {c: f._asdict() for c, f in fits.items()}, "world": world,
+              "optimizer": {"params": params, "seconds": seconds}, "unit_overhead_seconds": unit_overhead,
+              "inter": "the base preset's (not measured: one node)"}
+    if world > 1:
+        link = fit_link(samples, world=world)
+        changes["intra"] = Link(alpha_seconds=link.alpha_seconds, bandwidth=link.bandwidth)
+        report["link"] = link._asdict()
+        report["link_by_collective"] = {k.value: fit_link([s for s in samples if s.kind is k], world=world)._asdict()
+                                        for k in Collective}
+        report["samples"] = [[s.kind.value, s.nbytes, s.seconds] for s in samples]
+    else:
+        report["link"] = "the base preset's (one worker: no collective to time)"
+    return Calibration(device=dataclasses.replace(base, **changes), fit=report)
+
+
+def slowest_rank(value, *, group):
+    """The elementwise max over ranks of `value` (nested lists and dicts of numbers;
+    strings must agree): a step waits for its slowest worker."""
+    values: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(values, value, group=group)
+    return _max_tree(values)
+
+
+def _max_tree(values: list):
+    first = values[0]
+    if isinstance(first, (list, tuple)):
+        return [_max_tree([v[i] for v in values]) for i in range(len(first))]
+    if isinstance(first, dict):
+        return {k: _max_tree([v[k] for v in values]) for k in first}
+    return max(values)

@@ -1,0 +1,111 @@
+"""Calibration (`shardsched profile`): the fits recover known figures exactly from
+exact timings, a real 2-worker run writes a readable cluster file, and `plan`,
+`train` take that file with `--cluster`."""
+import dataclasses
+import json
+import math
+
+import pytest
+
+from shardsched.cli import main
+from shardsched.cost.comm import Collective, collective_seconds
+from shardsched.cost.device import DEVICES, Cluster, Link, cluster_file_text, read_cluster_file
+from shardsched.profile.calibrate import Sample, fit_efficiency, fit_link, fitted_device
+
+SIZES = (4096, 65536, 1 << 20, 1 << 24)
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_link_fit_recovers_alpha_and_bandwidth_from_exact_timings(world):
+    link = Link(alpha_seconds=123e-6, bandwidth=1.7e9)
+    cluster = Cluster(world=world, gpus_per_node=world, device=dataclasses.replace(DEVICES["cpu"], intra=link))
+    # The timings `cost.comm` predicts for this link: the fit must give the link back.
+    samples = [Sample(kind=k, nbytes=n, seconds=collective_seconds(k, n, cluster)) for k in Collective for n in SIZES]
+    fit = fit_link(samples, world=world)
+    assert fit.alpha_seconds == pytest.approx(123e-6, rel=1e-9)
+    assert fit.bandwidth == pytest.approx(1.7e9, rel=1e-9)
+    assert fit.rel_error < 1e-9
+    # One collective alone determines the link as well.
+    only_ar = fit_link([s for s in samples if s.kind is Collective.ALL_REDUCE], world=world)
+    assert only_ar.alpha_seconds == pytest.approx(123e-6, rel=1e-9) and only_ar.bandwidth == pytest.approx(1.7e9)
+
+
+def test_link_fit_reports_its_error():
+    cluster = Cluster(world=2, gpus_per_node=2, device=DEVICES["cpu"])
+    exact = [Sample(kind=Collective.ALL_GATHER, nbytes=n, seconds=collective_seconds(Collective.ALL_GATHER, n, cluster))
+             for n in SIZES]
+    noisy = [s._replace(seconds=s.seconds * f) for s, f in zip(exact, (1.2, 0.8, 1.2, 0.8))]
+    fit = fit_link(noisy, world=2)
+    assert 0.05 < fit.rel_error < 0.25 and fit.alpha_seconds >= 0 and fit.bandwidth > 0
+
+
+def test_efficiency_fit_is_exact_and_weighs_relative_error():
+    peak = 100e9
+    flops = [1e6, 1e7, 1e8]
+    fit = fit_efficiency(flops, [f / (peak * 0.37) for f in flops], peak_flops=peak)
+    assert fit.efficiency == pytest.approx(0.37, rel=1e-12) and fit.rel_error < 1e-12
+    # Closed form of min sum((F x - t)/t)^2 with r = F/t: x = sum(r) / sum(r^2).
+    seconds = [2e-5, 5e-4, 3e-3]
+    r = [f / t for f, t in zip(flops, seconds)]
+    x = sum(r) / sum(v * v for v in r)
+    assert fit_efficiency(flops, seconds, peak_flops=peak).efficiency == pytest.approx(1 / (x * peak), rel=1e-12)
+
+
+def test_fitted_device_round_trips_through_a_cluster_file(tmp_path):
+    base = DEVICES["cpu"]
+    cluster = Cluster(world=2, gpus_per_node=2, device=dataclasses.replace(
+        base, intra=Link(alpha_seconds=2e-4, bandwidth=5e8)))
+    samples = [Sample(kind=k, nbytes=n, seconds=collective_seconds(k, n, cluster)) for k in Collective for n in SIZES]
+    compute = {c: [(f, f / (base.peak_flops * e)) for f in (1e6, 1e8)]
+               for c, e in (("matmul", 0.3), ("attention", 0.1), ("other", 0.01))}
+    calib = fitted_device(base, samples=samples, compute=compute, optimizer=(1 << 20, 0.02),
+                          unit_overhead=3e-3, world=2, state_bytes_at_rest=16)
+    path = tmp_path / "cluster.json"
+    path.write_text(cluster_file_text(calib.device, fit=calib.fit))
+    dev = read_cluster_file(str(path))
+    assert dev == calib.device
+    assert dev.intra.alpha_seconds == pytest.approx(2e-4) and dev.intra.bandwidth == pytest.approx(5e8)
+    assert dev.efficiency == pytest.approx({"matmul": 0.3, "attention": 0.1, "other": 0.01})
+    assert dev.mfu == pytest.approx(0.3) and dev.inter == base.inter
+    assert dev.memory_bandwidth == pytest.approx(2 * 16 * (1 << 20) / 0.02)
+    assert dev.unit_overhead_seconds == 3e-3
+    assert dev.compute_seconds({"matmul": 3e9}) == pytest.approx(3e9 / (base.peak_flops * 0.3))
+
+
+def test_real_two_worker_calibration_feeds_plan(tmp_path, capsys):
+    out = tmp_path / "cluster.json"
+    assert main(["profile", "--nproc", "2", "--out", str(out), "--repeats", "1"]) == 0
+    assert "matmul" in capsys.readouterr().out
+    dev = read_cluster_file(str(out))
+    figures = [dev.intra.alpha_seconds, dev.intra.bandwidth, dev.memory_bandwidth, dev.mfu,
+               *dev.efficiency.values()]
+    assert set(dev.efficiency) == {"matmul", "attention", "other"}
+    assert all(math.isfinite(v) and v > 0 for v in figures), figures
+    assert math.isfinite(dev.unit_overhead_seconds) and dev.unit_overhead_seconds >= 0
+    fit = json.loads(out.read_text())["fit"]
+    assert all(math.isfinite(f["rel_error"]) for f in [fit["link"], *fit["compute"].values()])
+
+    # `plan --cluster` prices with the file's device, not a preset.
+    assert main(["plan", "--model", "tiny", "--world", "2", "--cluster", str(out), "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    from shardsched.solve.build import make_plan
+    from shardsched.profile.analytic import analytic_profile
+    from shardsched.models.spec import PRESETS
+    want = make_plan(analytic_profile(PRESETS["tiny"], micro_batch=1, seq=128, device=dev, compute_dtype="float32",
+                                      name="tiny"),
+                     Cluster(world=2, gpus_per_node=2, device=dev), strategy="full_shard")
+    assert plan["predicted"]["step_seconds"] == pytest.approx(want.predicted.step_seconds, rel=1e-9)
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["profile", "--nproc", "0"], "--nproc must be at least 1"),
+    (["profile", "--out", "/no/such/dir/c.json"], "directory /no/such/dir does not exist"),
+    (["profile", "--device", "tpu"], "unknown device 'tpu'"),
+    (["plan", "--model", "tiny", "--cluster", "/no/such/cluster.json"], "not a cluster file"),
+    (["train", "--cluster", "/no/such/cluster.json"], "not a cluster file"),
+])
+def test_bad_input_is_one_line(argv, fragment, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and len(err.strip().splitlines()) == 1, err

@@ -1,0 +1,104 @@
+"""`train` for a model that is not the built-in GPT (`--model python:...`, `train.task`):
+a transformers GPT-2 with tied embeddings under a mixed plan matches one process;
+a model without a batch function repeats its inputs and says so; bad builders are
+one line, exit 2, before any worker starts."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from shardsched.cli import main
+from shardsched.train.launcher import launch
+
+from ._helpers import make_plan_by_hand, plan_worker, reference_run, tiny_config
+from .user_models import BATCH, SEED, SEQ
+
+MODELS = Path(__file__).with_name("user_models.py")
+
+
+def spec(function: str) -> str:
+    return f"python:{MODELS}:{function}"
+
+
+def test_tied_hf_gpt2_mixed_plan_matches_single_process(tmp_path):
+    cfg = tiny_config(str(tmp_path / "run"), model=spec("gpt2_tied"), batch=BATCH, seq=SEQ, seed=SEED)
+    threads = torch.get_num_threads()
+    try:
+        want = reference_run(cfg)[0]
+    finally:
+        torch.set_num_threads(threads)
+    # The tied pair (lm_head.weight is transformer.wte.weight) must be one unit: FSDP2
+    # refuses a parameter managed by two groups. wpe and ln_f stay in the root.
+    plan = make_plan_by_hand(cfg, world=2, units=[
+        ("tied", ("transformer.wte", "lm_head"), "full_shard", ("transformer.h.0",), ()),
+        ("transformer.h.0", ("transformer.h.0",), "replicate", (), ()),
+        ("transformer.h.1", ("transformer.h.1",), "shard_grad_op", (), ("transformer.h.0",)),
+    ])
+    out = tmp_path / "losses.pt"
+    launch(plan_worker, nproc=2, args=(cfg, plan, str(out)))
+    got, summary = torch.load(out, weights_only=False)
+    assert len(got) == 20
+    assert want[-1] < want[0] - 0.5  # it learns, so agreeing means something
+    assert got == pytest.approx(want, rel=1e-5)
+    assert [u["strategy"] for u in summary["units"]] == ["full_shard", "replicate", "shard_grad_op"]
+    assert summary["tokens_per_s"] > 0  # BATCH rows of the batch function per step
+
+
+def test_model_without_batch_fn_repeats_inputs_and_says_so(tmp_path, capsys):
+    run = tmp_path / "run"
+    rc = main(["train", "--model", spec("mlp_repeat"), "--nproc", "2", "--steps", "8", "--lr", "0.01",
+               "--run-dir", str(run), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    lines = [ln for ln in err.splitlines() if "no batch function" in ln]
+    assert len(lines) == 1 and "every step trains on its example inputs again" in lines[0]
+    import json
+    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows]
+    assert len(losses) == 8 and losses[-1] < losses[0]  # the same batch again: the loss falls
+    summary = json.loads((run / "summary.json").read_text())
+    assert any("no batch function" in n for n in summary["notes"])
+
+
+@pytest.mark.parametrize("function, fragment", [
+    ("raises", "the builder raised RuntimeError: config file missing"),
+    ("wrong_shape", "must return (model, example_inputs) or (model, example_inputs, batch_fn), got a 1-item"),
+    ("not_a_module", "must return (model, example_inputs)"),
+    ("vector_loss", "must return the scalar loss, got a tensor of shape (4,)"),
+    ("bad_batch_fn", "the third value must be batch_fn(step, rank, world), got str"),
+    ("failing_batch_fn", "batch_fn(0, 0, 2) raised KeyError"),
+])
+def test_bad_builders_are_one_line_exit_2(function, fragment, tmp_path, capsys):
+    run = tmp_path / "run"
+    rc = main(["train", "--model", spec(function), "--nproc", "2", "--run-dir", str(run)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert len(err.strip().splitlines()) == 1 and fragment in err, err
+    assert "Traceback" not in err and not run.exists()
+
+
+def test_byte_text_needs_a_vocabulary_of_256(capsys):
+    assert main(["train", "--model", "gpt:layers=1,hidden=16,heads=2,vocab=100", "--nproc", "1"]) == 2
+    assert "vocab 100 < 256" in capsys.readouterr().err
+
+
+def test_checkpoint_and_resume_on_another_worker_count(tmp_path, capsys):
+    """A user model with a batch function: saved by 2 workers at step 3, resumed by 1,
+    the same losses as the uninterrupted run."""
+    import json
+    first, second = tmp_path / "first", tmp_path / "second"
+    common = ["--steps", "6", "--lr", "0.01", "--strategy", "full_shard", "--quiet"]
+    assert main(["train", "--model", spec("mlp_batches"), "--nproc", "2", "--checkpoint-every", "3",
+                 "--run-dir", str(first), *common]) == 0
+    assert main(["train", "--resume", str(first / "checkpoints" / "step_000003"), "--nproc", "1",
+                 "--strategy", "full_shard", "--run-dir", str(second), "--quiet"]) == 0
+    capsys.readouterr()
+
+    def losses(run):
+        return {r["step"]: r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    whole, resumed = losses(first), losses(second)
+    assert sorted(whole) == [1, 2, 3, 4, 5, 6] and sorted(resumed) == [4, 5, 6]
+    for step in (4, 5, 6):
+        assert resumed[step] == pytest.approx(whole[step], rel=1e-5), step
+    summary = json.loads((second / "summary.json").read_text())
+    assert summary["start_step"] == 3 and summary["world"] == 1 and summary["model"] == spec("mlp_batches")

@@ -1,0 +1,105 @@
+"""Models given to `--model python:<this file>:<function>` in the train tests: the
+contract of `shardsched.train.task` (builders returning (model, example_inputs[, batch_fn]))
+and builders that break it in each way `validate` must catch."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from shardsched.train.task import text_batch_fn
+
+BATCH, SEQ, SEED = 8, 16, 3
+
+
+def gpt2_config():
+    from transformers import GPT2Config
+    # Byte vocabulary, no dropout (parity needs deterministic steps), tied embeddings.
+    return GPT2Config(vocab_size=256, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
+                      embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True,
+                      bos_token_id=0, eos_token_id=0)
+
+
+def _byte_gpt2_class():
+    from transformers import GPT2LMHeadModel
+
+    class ByteGPT2(GPT2LMHeadModel):
+        """HF GPT-2 whose forward is the `text_lm` contract: (idx, targets) -> mean cross-entropy.
+        A subclass, so module paths stay HF's (`transformer.wte`, `lm_head`, ...)."""
+
+        def forward(self, idx, targets):
+            logits = super().forward(input_ids=idx).logits
+            return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    return ByteGPT2
+
+
+def gpt2_tied():
+    """A small random-init transformers GPT-2 (lm_head tied to transformer.wte) that
+    trains on the byte-level text corpus through a batch function."""
+    model = _byte_gpt2_class()(gpt2_config())
+    assert model.lm_head.weight is model.transformer.wte.weight
+    batch_fn = text_batch_fn(batch=BATCH, seq=SEQ, seed=SEED)
+    x, y = batch_fn(0, 0, 2)
+    return model, (x, y), batch_fn
+
+
+class Regression(nn.Module):
+    """A two-layer MLP whose forward is the loss (mean squared error)."""
+
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.fc1 = nn.Linear(8, width)
+        self.fc2 = nn.Linear(width, 1)
+
+    def forward(self, x, y):
+        return F.mse_loss(self.fc2(torch.tanh(self.fc1(x))).squeeze(-1), y)
+
+
+def _regression_batch(step: int, rank: int, world: int) -> tuple:
+    """Global batch `step` of 8 rows, a function of the step only; rank r takes its rows."""
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(BATCH, 8, generator=g)
+    y = x.sum(dim=1).sin()
+    rows = BATCH // world
+    return x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
+
+
+def mlp_repeat():
+    """No batch function: every step trains on the example inputs again."""
+    return Regression(), _regression_batch(0, 0, 2)
+
+
+def mlp_batches():
+    return Regression(), _regression_batch(0, 0, 2), _regression_batch
+
+
+# ---------------------------------------------------------------- broken builders
+
+def raises():
+    raise RuntimeError("config file missing")
+
+
+def wrong_shape():
+    return (Regression(),)
+
+
+def not_a_module():
+    return "model", (torch.zeros(1),)
+
+
+def vector_loss():
+    class PerRow(Regression):
+        def forward(self, x, y):
+            return (self.fc2(self.fc1(x)).squeeze(-1) - y) ** 2
+    return PerRow(), _regression_batch(0, 0, 2)
+
+
+def bad_batch_fn():
+    return Regression(), _regression_batch(0, 0, 2), "not callable"
+
+
+def failing_batch_fn():
+    def batch_fn(step, rank, world):
+        raise KeyError("no shard for this rank")
+    return Regression(), _regression_batch(0, 0, 2), batch_fn
+
