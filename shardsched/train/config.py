@@ -53,6 +53,8 @@ class TrainConfig:
     """No progress bar and no final table."""
     measure_memory: bool = True
     """Measure peak memory (FSDPMemTracker on CPU for the first steps)."""
+    log_every: int = 0
+    """A plain progress line every this many steps when stdout is no terminal (0: about ten per run)."""
 
 
 def model_config(spec: str, *, seq: int) -> GPTConfig:

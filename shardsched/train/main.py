@@ -23,7 +23,8 @@ DEFAULT_STEPS = 500
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `shardsched train`. Defaults are None where --resume takes the saved value."""
     a = parser.add_argument
-    a("--nproc", type=int, default=2, help="local workers to spawn (ignored under torchrun/SLURM)")
+    a("--nproc", type=int, default=None,
+      help="local workers to spawn (default 2; with --resume: the saved run's; ignored under torchrun/SLURM)")
     a("--steps", type=int, default=None, help=f"total optimizer steps (default {DEFAULT_STEPS})")
     a("--seed", type=int, default=None, help="seed for initialisation and batches (default 0)")
     a("--model", default=None, help="model spec: preset (tiny, small) or gpt:key=value,... (default tiny)")
@@ -31,7 +32,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     a("--strategy", default=None,
       help='full_shard | shard_grad_op | replicate | auto, with overrides like "full_shard,blocks.0-1=replicate" '
            "(default auto, under --memory-budget or a default budget midway between least memory and shard_grad_op)")
-    a("--plan", default=None, help="plan.json to apply (from `shardsched plan --json`)")
+    a("--plan", default=None,
+      help="plan.json to apply (from `shardsched plan --json`; with --resume: default the saved run's plan)")
     a("--memory-budget", default=None, help="per-worker memory budget, e.g. 2GiB, 512MiB")
     a("--run-dir", default=None, help="output directory (default runs/<timestamp>; with --resume: that run)")
     a("--checkpoint-every", type=int, default=None, help="save a checkpoint every N steps (default 0: never)")
@@ -42,7 +44,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     a("--eval-every", type=int, default=None, help="validation loss every N steps (default 100; 0: never)")
     a("--precision", choices=["fp32", "bf16-mixed"], default=None,
       help="fp32, or bf16 gathers and compute with fp32 master weights and reductions (default fp32)")
-    a("--quiet", action="store_true", help="no progress bar and no final table")
+    a("--quiet", action="store_true", help="no progress (bar or lines) and no final table; train.log is still written")
+    a("--log-every", type=int, default=0,
+      help="without a terminal, a progress line every N steps (default 0: about ten lines per run)")
 
 
 # Flags a resumed run takes from the saved config.json unless given again.
@@ -54,8 +58,8 @@ _DEFAULTS = {"steps": DEFAULT_STEPS, "seed": 0, "model": "tiny", "batch": 8, "se
 def _saved_config(resume: str | None) -> dict:
     if not resume:
         return {}
-    path = Path(resume)
-    path = path.parent.parent if path.parent.name == "checkpoints" else path
+    from shardsched.train.resume import run_dir_of
+    path = run_dir_of(resume)
     try:
         return json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
@@ -72,7 +76,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
     run_dir = args.run_dir or args.resume or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
     return TrainConfig(**values, strategy=args.strategy, plan=args.plan, memory_budget_bytes=budget,
-                       run_dir=run_dir, resume=args.resume, quiet=args.quiet)
+                       run_dir=run_dir, resume=args.resume, quiet=args.quiet,
+                       log_every=getattr(args, "log_every", 0))
 
 
 def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
@@ -133,9 +138,14 @@ def _train_worker(ctx, cfg: TrainConfig) -> None:
 def run_train(args: argparse.Namespace) -> int:
     """`shardsched train`: 0 on success; UsageError for bad input (the CLI exits 2);
     1 with a line naming the worker when a worker fails."""
-    from shardsched.train.launcher import WorkerFailed, launch
+    from shardsched.train.launcher import WorkerFailed, external_rendezvous, launch
+    from shardsched.train.resume import reuse_saved_run
+    rdzv = external_rendezvous()
+    reused = reuse_saved_run(args, world_from_launcher=rdzv and rdzv.world, from_saved=_FROM_SAVED)
     world = world_size(args.nproc)
     cfg = validate(config_from_args(args), world=world)
+    if reused and not cfg.quiet and _is_first_process():
+        print(reused, flush=True)
     try:
         launch(_train_worker, nproc=world, args=(cfg,))
     except WorkerFailed as e:
