@@ -74,7 +74,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         given = getattr(args, key, None)
         values[key] = given if given is not None else saved.get(key, _DEFAULTS.get(key))
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
-    run_dir = args.run_dir or args.resume or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
+    from shardsched.train.resume import run_dir_of
+    resumed_dir = str(run_dir_of(args.resume)) if args.resume else None  # --resume may name a checkpoint
+    run_dir = args.run_dir or resumed_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
     return TrainConfig(**values, strategy=args.strategy, plan=args.plan, memory_budget_bytes=budget,
                        run_dir=run_dir, resume=args.resume, quiet=args.quiet,
                        log_every=getattr(args, "log_every", 0))
