@@ -20,6 +20,11 @@ from shardsched.train.config import TrainConfig
 DEFAULT_STEPS = 500
 """About a minute for the tiny model with 2 workers on 2 CPU cores (measured ~0.09 s/step: 500 steps ~ 45 s plus ~10 s start-up and profiling)."""
 
+def _model_choices() -> str:
+    from shardsched.models.spec import PRESETS
+    return f"a preset ({', '.join(PRESETS)}) or gpt:key=value,..."
+
+
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `shardsched train`. Defaults are None where --resume takes the saved value."""
     a = parser.add_argument
@@ -27,7 +32,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
       help="local workers to spawn (default 2; with --resume: the saved run's; ignored under torchrun/SLURM)")
     a("--steps", type=int, default=None, help=f"total optimizer steps (default {DEFAULT_STEPS})")
     a("--seed", type=int, default=None, help="seed for initialisation and batches (default 0)")
-    a("--model", default=None, help="model spec: preset (tiny, small) or gpt:key=value,... (default tiny)")
+    a("--model", default=None, help=f"model spec: {_model_choices()} (default tiny)")
     a("--data", default=None, help="text file to train on (default: the Python standard library sources)")
     a("--strategy", default=None,
       help='full_shard | shard_grad_op | replicate | auto, with overrides like "full_shard,blocks.0-1=replicate" '
@@ -153,8 +158,11 @@ def run_train(args: argparse.Namespace) -> int:
     except WorkerFailed as e:
         print(f"shardsched train: {e}", file=sys.stderr)
         return 1
-    if not cfg.quiet and _is_first_process():
-        print(f"run directory: {cfg.run_dir}")
+    if _is_first_process():
+        from shardsched.report.run import write_report
+        png = write_report(cfg.run_dir)
+        if not cfg.quiet:
+            print(f"run directory: {cfg.run_dir} (report: {png})")
     return 0
 
 
