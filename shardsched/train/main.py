@@ -146,11 +146,14 @@ def run_train(args: argparse.Namespace) -> int:
     """`shardsched train`: 0 on success; UsageError for bad input (the CLI exits 2);
     1 with a line naming the worker when a worker fails."""
     from shardsched.train.launcher import WorkerFailed, external_rendezvous, launch
+    from shardsched.train.hostmem import check_local_workers
     from shardsched.train.resume import reuse_saved_run
     rdzv = external_rendezvous()
     reused = reuse_saved_run(args, world_from_launcher=rdzv and rdzv.world, from_saved=_FROM_SAVED)
     world = world_size(args.nproc)
-    cfg = validate(config_from_args(args), world=world)
+    cfg = config_from_args(args)
+    check_local_workers(cfg, world=world, external=rdzv is not None)  # before anything builds the model
+    cfg = validate(cfg, world=world)
     if reused and not cfg.quiet and _is_first_process():
         print(reused, flush=True)
     try:
