@@ -38,6 +38,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a("--no-fuse", action="store_true", help="one unit per layer (no block-size fusion)")
     a("--time-limit", type=float, default=10.0, help="seconds for the auto planner (default 10)")
     a("--json", action="store_true", help="print the plan as JSON instead of tables")
+    a("--wide", action="store_true", help="every column and every unit (default: 80 columns, identical units folded)")
     a("--out", default=None, help="also write the plan JSON to this file")
     a("--trace", default=None, help="write the simulated step as a Chrome trace (chrome://tracing, Perfetto)")
 
@@ -106,7 +107,7 @@ def run_plan(args: argparse.Namespace) -> int:
         sys.stdout.write(plan.to_json() + "\n")
     else:
         from shardsched.plan.report import print_plan
-        print_plan(plan, profile, cluster)
+        print_plan(plan, profile, cluster, wide=args.wide)
     return 0
 
 
