@@ -1,9 +1,17 @@
 """Formatting shared by every table the command prints."""
 from __future__ import annotations
 
+import re
 import sys
+from typing import Callable, Hashable, Sequence, TypeVar
 
 from rich.console import Console
+
+T = TypeVar("T")
+NARROW = 80
+"""Columns of the tables by default, when stdout is not a terminal that says otherwise."""
+WIDE = 200
+"""Columns with --wide (every column and every unit)."""
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -32,6 +40,65 @@ def fmt_count(n: int) -> str:
     return str(n)
 
 
-def console() -> Console:
-    """Wide enough for our tables when writing to a pipe or file (rich assumes 80)."""
-    return Console() if sys.stdout.isatty() else Console(width=200)
+def console(*, wide: bool = False) -> Console:
+    """The terminal's width on a terminal, else 80 columns; 200 with --wide."""
+    if wide:
+        return Console(width=max(WIDE, Console().width))
+    return Console() if sys.stdout.isatty() else Console(width=NARROW)
+
+
+def runs(items: Sequence[T], key: Callable[[T], Hashable]) -> list[tuple[int, int]]:
+    """(first, last) index of each maximal run of consecutive items with equal key."""
+    return [(a, a + reps - 1) for a, period, reps in periodic_runs(items, key, max_period=1)]
+
+
+def periodic_runs(items: Sequence[T], key: Callable[[T], Hashable], *,
+                  max_period: int = 4, min_reps: int = 3) -> list[tuple[int, int, int]]:
+    """Cover items with (start, period, repetitions): a pattern of `period` consecutive
+    keys repeated `repetitions` times (alternating attention/MLP units fold with period 2).
+    A pattern repeated fewer than min_reps times is left as single items (period 1)."""
+    keys = [key(x) for x in items]
+    out, i = [], 0
+    while i < len(keys):
+        best = (1, _reps(keys, i, 1))
+        for p in range(2, max_period + 1):
+            r = _reps(keys, i, p)
+            if r >= min_reps and r * p > best[0] * best[1]:
+                best = (p, r)
+        p, r = best if best[1] >= min_reps or best[0] == 1 else (1, 1)
+        r = r if r >= min_reps or p == 1 else 1
+        out.append((i, p, r))
+        i += p * r
+    return out
+
+
+def _reps(keys: list, i: int, p: int) -> int:
+    r = 0
+    while i + (r + 1) * p <= len(keys) and keys[i + r * p:i + (r + 1) * p] == keys[i:i + p]:
+        r += 1
+    return r
+
+
+_TOKENS = re.compile(r"(\d+)")
+
+
+def span_name(first: str, last: str) -> str:
+    """The names of a run's first and last member with differing numbers as ranges:
+    "blocks.0".."blocks.95" -> "blocks.0-95"; other pairs -> "first..last"."""
+    if first == last:
+        return first
+    a, b = _TOKENS.split(first), _TOKENS.split(last)
+    if len(a) != len(b) or any(x != y and not x.isdigit() for x, y in zip(a, b)):
+        return f"{first}..{last}"
+    return "".join(x if x == y else f"{x}-{y}" for x, y in zip(a, b))
+
+def short_name(name: str) -> str:
+    """"blocks.0.ln1..blocks.0.attn" -> "blocks.0.ln1..attn": a fused unit's last layer
+    without the prefix it shares with the first."""
+    first, sep, last = name.partition("..")
+    if not sep:
+        return name
+    parent = first.rpartition(".")[0]
+    if parent and last.startswith(parent + "."):
+        return f"{first}..{last[len(parent) + 1:]}"
+    return name

@@ -1,4 +1,4 @@
-"""The `shardsched` command: plan, train, bench, profile.
+"""The `shardsched` command: plan, train, bench, profile, report.
 
 Every user mistake is a `UsageError` (or an argparse error): one line on stderr
 naming the problem and the accepted forms, exit status 2, no traceback.
@@ -30,11 +30,15 @@ COMMANDS = {
               "train under each uniform strategy and a plan; compare time and memory"),
     "profile": ("shardsched.profile.command", "add_profile_arguments", "run_profile",
                 "calibrate this machine (links, compute efficiency, FSDP2 overhead) into a --cluster file"),
+    "report": ("shardsched.report.run", "add_report_arguments", "run_report",
+               "a PNG of a training run: loss, step time, tokens/s, measured vs predicted memory"),
 }
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    from shardsched import __version__
     parser = _Parser(prog="shardsched", description="Per-layer sharding plans under a memory budget, run on FSDP2.")
+    parser.add_argument("--version", action="version", version=f"shardsched {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (module, add, run, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text)

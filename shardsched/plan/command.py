@@ -15,13 +15,13 @@ from shardsched.solve.build import make_plan, plan_from_scenario
 from shardsched.plan.schedule import scenario_for
 from shardsched.plan.units import tied_violation
 from shardsched.core.types import Optimizer, Plan, Precision
-from shardsched.models.spec import parse_model_spec
+from shardsched.models.spec import PRESETS, parse_model_spec
 from shardsched.profile.resolve import profile_for
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
-    a("--model", default="gpt2", help="preset (gpt2, gpt2-xl, llama-7b, llama-70b, gpt3-175b, tiny, small), "
+    a("--model", default="gpt2", help=f"preset ({', '.join(PRESETS)}), "
                                       "gpt:key=value,... or python:module:function (default gpt2)")
     a("--world", type=int, default=8, help="data-parallel workers (default 8)")
     a("--gpus-per-node", type=int, default=None, help="workers per node; must divide --world (default min(8, world))")
@@ -40,6 +40,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a("--no-fuse", action="store_true", help="one unit per layer (no block-size fusion)")
     a("--time-limit", type=float, default=10.0, help="seconds for the auto planner (default 10)")
     a("--json", action="store_true", help="print the plan as JSON instead of tables")
+    a("--wide", action="store_true", help="every column and every unit (default: 80 columns, identical units folded)")
     a("--out", default=None, help="also write the plan JSON to this file")
     a("--trace", default=None, help="write the simulated step as a Chrome trace (chrome://tracing, Perfetto)")
 
@@ -103,11 +104,14 @@ def run_plan(args: argparse.Namespace) -> int:
         write_atomic(args.out, plan.to_json() + "\n")
     if args.trace:
         write_trace_for(args.trace, plan, profile, cluster)
+        # stderr: stdout may be the plan JSON itself
+        sys.stderr.write(f"shardsched plan: wrote the simulated step to {args.trace} "
+                         "(open it in https://ui.perfetto.dev or chrome://tracing)\n")
     if args.json:
         sys.stdout.write(plan.to_json() + "\n")
     else:
         from shardsched.plan.report import print_plan
-        print_plan(plan, profile, cluster)
+        print_plan(plan, profile, cluster, wide=args.wide)
     return 0
 
 

@@ -1,11 +1,18 @@
-"""Human-readable views of a Plan: the per-unit table and the summary."""
+"""Human-readable views of a Plan: the per-unit table and the summary.
+
+By default the table fits 80 columns: the columns a reader needs first, and
+runs of identical consecutive units (same strategy, size and prefetch offsets)
+folded into one row ("blocks.0-95  full_shard x96"), with a one-line legend.
+`--wide` shows every column and every unit.
+"""
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from shardsched._fmt import console as default_console
-from shardsched._fmt import fmt_bytes, fmt_count, fmt_seconds
+from shardsched._fmt import fmt_bytes, fmt_count, fmt_seconds, periodic_runs, short_name, span_name
 from shardsched.cost.comm import Collective
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
@@ -13,29 +20,72 @@ from shardsched.core.types import Plan, Strategy
 from shardsched.profile.types import Profile
 from shardsched.sim.timeline import collective_time, reduce_kind
 
+NARROW_COLUMNS = ("unit", "strategy", "params", "at rest", "comm", "prefetch")
+WIDE_COLUMNS = ("unit", "layers", "params", "strategy", "at rest", "unsharded", "fwd", "bwd",
+                "AllGather", "ReduceScatter", "AllReduce", "prefetch")
+LEGEND = "at rest: param+grad+optim per worker; comm: collectives/step; prefetch: +k ahead"
+LEFT = ("unit", "strategy", "prefetch")
 
-def unit_table(plan: Plan, profile: Profile, cluster: Cluster) -> Table:
+
+def _unit_rows(plan: Plan, profile: Profile, cluster: Cluster) -> list[dict]:
+    """Every column of every unit, formatted, plus a `key` that identical units share."""
     from shardsched.plan.schedule import scenario_for  # local: schedule imports report's siblings
     sc = scenario_for(plan, profile, cluster)
     sb = state_bytes(plan.precision, plan.optimizer)
-    t = Table(title=f"plan for {plan.model} on {plan.world} x {plan.device}", title_justify="left")
-    for col in ("unit", "layers", "params", "strategy", "at rest", "unsharded", "fwd", "bwd",
-                "AllGather", "ReduceScatter", "AllReduce", "prefetch fwd/bwd"):
-        t.add_column(col, justify="left" if col in ("unit", "strategy", "prefetch fwd/bwd") else "right")
+    index = {u.name: i for i, u in enumerate(plan.units)}
+    rows = []
     for i, (u, c) in enumerate(zip(plan.units, sc.units)):
         shards = 1 if u.strategy is Strategy.REPLICATE else plan.world
-        ag_b = u.params * sb.unsharded_param
-        red_b = u.params * sb.reduce
-        n_ag = 0 if u.strategy is Strategy.REPLICATE else (2 if u.strategy is Strategy.FULL_SHARD else 1)
+        n_ag = {Strategy.REPLICATE: 0, Strategy.SHARD_GRAD_OP: 1, Strategy.FULL_SHARD: 2}[u.strategy]
         kind = reduce_kind(u.strategy)
-        ag = f"{n_ag}x {fmt_bytes(ag_b)} {fmt_seconds(collective_time(sc, Collective.ALL_GATHER, i))}" if n_ag else "-"
-        red = f"{fmt_bytes(red_b)} {fmt_seconds(collective_time(sc, kind, i))}"
-        t.add_row(u.name, str(len(u.layers)), fmt_count(u.params), u.strategy.value,
-                  fmt_bytes(sb.at_rest * -(-u.params // shards)), fmt_bytes(ag_b),
-                  fmt_seconds(c.forward_seconds), fmt_seconds(c.backward_seconds), ag,
-                  red if kind is Collective.REDUCE_SCATTER else "-",
-                  red if kind is Collective.ALL_REDUCE else "-",
-                  f"{','.join(u.forward_prefetch) or '-'} / {','.join(u.backward_prefetch) or '-'}")
+        ag_s, red_s = collective_time(sc, Collective.ALL_GATHER, i), collective_time(sc, kind, i)
+        ag_b, red_b = u.params * sb.unsharded_param, u.params * sb.reduce
+        red = f"{fmt_bytes(red_b)} {fmt_seconds(red_s)}"
+        offsets = (tuple(index[n] - i for n in u.forward_prefetch), tuple(index[n] - i for n in u.backward_prefetch))
+        rows.append({
+            "unit": u.name, "layers": str(len(u.layers)), "params": fmt_count(u.params), "strategy": u.strategy.value,
+            "at rest": fmt_bytes(sb.at_rest * -(-u.params // shards)), "unsharded": fmt_bytes(ag_b),
+            "fwd": fmt_seconds(c.forward_seconds), "bwd": fmt_seconds(c.backward_seconds),
+            "AllGather": f"{n_ag}x {fmt_bytes(ag_b)} {fmt_seconds(ag_s)}" if n_ag else "-",
+            "ReduceScatter": red if kind is Collective.REDUCE_SCATTER else "-",
+            "AllReduce": red if kind is Collective.ALL_REDUCE else "-",
+            "comm": fmt_seconds(n_ag * ag_s + red_s),
+            "prefetch": f"{','.join(u.forward_prefetch) or '-'} / {','.join(u.backward_prefetch) or '-'}",
+            "offsets": f"{_offsets(offsets[0])} / {_offsets(offsets[1])}",
+            "key": (u.strategy, u.params, len(u.layers), offsets, c.forward_seconds, c.backward_seconds),
+        })
+    return rows
+
+
+def _offsets(offsets: tuple[int, ...]) -> str:
+    return ",".join(f"{k:+d}" for k in offsets) or "-"
+
+
+def _folded(rows: list[dict]) -> list[dict]:
+    """A pattern of units repeated 3 or more times (one block, or a block's attention and
+    MLP units) becomes one row per unit of the pattern, named by its span."""
+    out = []
+    for a, period, reps in periodic_runs(rows, key=lambda r: r["key"]):
+        if reps == 1:
+            out.extend({**r, "unit": short_name(r["unit"]), "prefetch": r["offsets"]} for r in rows[a:a + period])
+            continue
+        last = a + period * (reps - 1)
+        out.extend({**rows[a + k], "unit": short_name(span_name(rows[a + k]["unit"], rows[last + k]["unit"])),
+                    "strategy": f"{rows[a + k]['strategy']} x{reps}", "prefetch": rows[a + k]["offsets"]}
+                   for k in range(period))
+    return out
+
+
+def unit_table(plan: Plan, profile: Profile, cluster: Cluster, *, wide: bool = False) -> Table:
+    rows = _unit_rows(plan, profile, cluster)
+    columns = WIDE_COLUMNS if wide else NARROW_COLUMNS
+    t = Table(title=f"plan for {plan.model} on {plan.world} x {plan.device}: {len(plan.units)} units",
+              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in columns:
+        t.add_column(col, justify="left" if col in LEFT else "right", overflow="fold",
+                     no_wrap=col in ("strategy", "params", "at rest", "comm"))
+    for r in rows if wide else _folded(rows):
+        t.add_row(*(r[c] for c in columns))
     return t
 
 
@@ -44,19 +94,22 @@ def summary_lines(plan: Plan) -> list[str]:
     budget = fmt_bytes(plan.memory_budget_bytes) if plan.memory_budget_bytes else "none"
     lines = [
         f"predicted peak per worker: {fmt_bytes(p.peak_bytes)} (budget {budget}) at {p.peak_at}",
-        f"  params {fmt_bytes(m.params)}, grads {fmt_bytes(m.grads)}, optimizer {fmt_bytes(m.optimizer)}, "
-        f"activations {fmt_bytes(m.activations)}, comm buffers {fmt_bytes(m.comm_buffers)}",
+        f"  params {fmt_bytes(m.params)}, grads {fmt_bytes(m.grads)}, optimizer {fmt_bytes(m.optimizer)},",
+        f"  activations {fmt_bytes(m.activations)}, comm buffers {fmt_bytes(m.comm_buffers)}",
         f"  model states (ZeRO's definition) {fmt_bytes(p.model_states_bytes)}",
         f"predicted step: {fmt_seconds(p.step_seconds)} = compute {fmt_seconds(p.compute_seconds)} "
-        f"+ exposed communication {fmt_seconds(p.exposed_comm_seconds)}; "
-        f"lower bound max(compute, communication {fmt_seconds(p.comm_seconds)}) = {fmt_seconds(p.lower_bound_seconds)}",
+        f"+ exposed communication {fmt_seconds(p.exposed_comm_seconds)}",
+        f"  lower bound max(compute, communication {fmt_seconds(p.comm_seconds)}) = {fmt_seconds(p.lower_bound_seconds)}",
         f"solver: {s.name}, status {s.status}, gap {'n/a' if s.gap is None else f'{s.gap:.2%}'}, {s.seconds:.3f} s",
     ]
     return lines + [f"note: {n}" for n in plan.notes]
 
 
-def print_plan(plan: Plan, profile: Profile, cluster: Cluster, *, console: Console | None = None) -> None:
-    console = console or default_console()
-    console.print(unit_table(plan, profile, cluster))
+def print_plan(plan: Plan, profile: Profile, cluster: Cluster, *, console: Console | None = None,
+               wide: bool = False) -> None:
+    console = console or default_console(wide=wide)
+    console.print(unit_table(plan, profile, cluster, wide=wide))
+    if not wide:
+        console.print(LEGEND, highlight=False, markup=False, style="dim")
     for line in summary_lines(plan):
         console.print(line, highlight=False, markup=False)

@@ -28,6 +28,7 @@ from shardsched.core.types import Plan, Precision, Strategy
 from shardsched.plan.units import ROOT, tied_violation
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.layers import tied_sets
+from shardsched.runtime.ddp import replicate_with_ddp, runs_on_ddp
 
 
 def mp_policy(precision: Precision) -> MixedPrecisionPolicy:
@@ -60,8 +61,11 @@ def replicate_mesh(mesh: DeviceMesh) -> DeviceMesh:
 
 
 def parallelize(model: nn.Module, plan: Plan, *, mesh: DeviceMesh) -> nn.Module:
-    """Shard `model` in place as `plan` says; returns it (now an FSDPModule)."""
+    """Shard `model` in place as `plan` says; returns it (an FSDPModule, or a
+    DDP-replicated module when every unit is replicate: see runtime/ddp.py)."""
     check_plan(model, plan, mesh.size())
+    if runs_on_ddp(plan):  # DDP's engine for plain data parallelism: see runtime/ddp.py
+        return replicate_with_ddp(model, mesh=mesh)
     mp = mp_policy(plan.precision)
     rep_mesh = replicate_mesh(mesh) if any(u.strategy is Strategy.REPLICATE for u in plan.units) else None
     heads: dict[str, FSDPModule] = {}

@@ -203,10 +203,18 @@ def _why(s: Scored, a: int, b: int, budget: int, pins: dict) -> str:
         return "full_shard (as --strategy pins it)"
     # The counterfactual is the reason: keeping the gathered copy through backward would not fit.
     other = _peak_if(s, a, b, Strategy.SHARD_GRAD_OP)
-    verdict = "would not fit" if other > budget else "would fit but run slower"
+    verdict = (f"over the budget of {fmt_bytes(budget)}" if other > budget
+               else f"within the budget of {fmt_bytes(budget)}, but the step would be slower")
     return (f"full_shard (frees its {gathered} gathered copy between forward and backward; with "
-            f"shard_grad_op here the peak would be {fmt_bytes(other)}, which {verdict} the budget "
-            f"{fmt_bytes(budget)})")
+            f"shard_grad_op here the peak would be {fmt_bytes(other)}: {verdict})")
+
+
+def _grouping_words(units: int, layers: int) -> str:
+    if units > layers:
+        return f"{layers} layers planned as {units} units (layers above the block size split into their children)"
+    if units < layers:
+        return f"{layers} layers planned as {units} units (layers below the block size fused)"
+    return f"{layers} layers planned as {units} units, one per layer"
 
 
 def explain(best: Scored, *, baselines: list[Scored], budget: int, candidates: int, pins: dict) -> list[str]:
@@ -218,7 +226,7 @@ def explain(best: Scored, *, baselines: list[Scored], budget: int, candidates: i
         notes.append(f"{label}: {_why(best, a, b, budget, pins)}")
     early = sum(1 for i in range(p.n) if ch.fwd[i] < i - 1)
     early += sum(1 for i in range(p.n) if ch.bwd[i] is not None and ch.bwd[i] < 2 * p.n - 2 - i)
-    notes.append(f"{p.n} units from {len(p.profile.layers)} layers ({candidates} groupings considered); "
+    notes.append(f"{_grouping_words(p.n, len(p.profile.layers))} ({candidates} groupings considered); "
                  f"{early} AllGathers launched more than one step ahead")
     fitting = [s for s in baselines if s.peak <= budget]
     if fitting:

@@ -54,7 +54,8 @@ class MilpResult(NamedTuple):
     objective: float
     """Step seconds the MILP claims for `choice` (== replay)."""
     status: str
-    gap: float
+    gap: float | None
+    """Relative gap; None when HiGHS knows no bound (never "optimal" with an infinite gap)."""
     seconds: float
 
 
@@ -458,4 +459,13 @@ def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | 
         return MilpResult(None, math.inf, status, math.inf, time.perf_counter() - t0)
     x = np.array(h.getSolution().col_value)
     return MilpResult(b.choice(x), info.objective_function_value * b.tscale, status,
-                      float(info.mip_gap), time.perf_counter() - t0)
+                      _gap(status, float(info.mip_gap)), time.perf_counter() - t0)
+
+
+def _gap(status: str, mip_gap: float) -> float | None:
+    """HiGHS reports mip_gap = inf when no branch-and-bound ran: for a model left with
+    no integer columns (every binary fixed) "optimal" is then a proof, gap 0; any
+    other status without a finite gap has no bound to report."""
+    if math.isfinite(mip_gap):
+        return mip_gap
+    return 0.0 if status == "optimal" else None

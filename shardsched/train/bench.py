@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from shardsched.train.main import config_from_args, validate, world_size
+from shardsched.train.main import _model_choices, config_from_args, validate, world_size
 from shardsched.train.config import TrainConfig
 
 STRATEGIES = ("replicate", "shard_grad_op", "full_shard")
@@ -27,7 +27,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     a("--nproc", type=int, default=2, help="local workers to spawn (ignored under torchrun/SLURM)")
     a("--steps", type=int, default=DEFAULT_BENCH_STEPS, help=f"steps per variant (default {DEFAULT_BENCH_STEPS})")
     a("--seed", type=int, default=0)
-    a("--model", default="tiny", help="model spec (default tiny)")
+    a("--model", default="tiny", help=f"model spec: {_model_choices()} (default tiny)")
     a("--data", default=None, help="text file (default: the Python standard library sources)")
     a("--plan", default=None, help="also run this plan.json (default: the automatic plan under the default budget)")
     a("--batch", type=int, default=8, help="global batch in sequences (default 8)")
@@ -78,6 +78,7 @@ def run_bench(args: argparse.Namespace) -> int:
         print(json.dumps(bench_rows(results), indent=1))
     else:
         print_bench(results, world=world, steps=args.steps, model=args.model)
+    print(f"bench: wrote {out} and one run directory per variant under {run_dir}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

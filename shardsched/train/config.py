@@ -56,6 +56,8 @@ class TrainConfig:
     cluster: str | None = None
     """Cluster file (`shardsched profile --out`) pricing links and compute for the
     plan; None: the device preset of this machine (`train.planning.run_device`)."""
+    log_every: int = 0
+    """A plain progress line every this many steps when stdout is no terminal (0: about ten per run)."""
 
 
 def model_config(spec: str, *, seq: int) -> GPTConfig:

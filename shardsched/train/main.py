@@ -20,19 +20,26 @@ from shardsched.train.config import TrainConfig
 DEFAULT_STEPS = 500
 """About a minute for the tiny model with 2 workers on 2 CPU cores (measured ~0.09 s/step: 500 steps ~ 45 s plus ~10 s start-up and profiling)."""
 
+def _model_choices() -> str:
+    from shardsched.models.spec import PRESETS
+    return f"a preset ({', '.join(PRESETS)}) or gpt:key=value,..."
+
+
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `shardsched train`. Defaults are None where --resume takes the saved value."""
     a = parser.add_argument
-    a("--nproc", type=int, default=2, help="local workers to spawn (ignored under torchrun/SLURM)")
+    a("--nproc", type=int, default=None,
+      help="local workers to spawn (default 2; with --resume: the saved run's; ignored under torchrun/SLURM)")
     a("--steps", type=int, default=None, help=f"total optimizer steps (default {DEFAULT_STEPS})")
     a("--seed", type=int, default=None, help="seed for initialisation and batches (default 0)")
-    a("--model", default=None, help="model spec: preset (tiny, small), gpt:key=value,... or python:module:function "
-                                    "returning (model, example_inputs[, batch_fn]) (see shardsched.train.task; default tiny)")
+    a("--model", default=None, help=f"model spec: {_model_choices()}; python:module:function returning "
+                                    "(model, example_inputs[, batch_fn]) (see shardsched.train.task; default tiny)")
     a("--data", default=None, help="text file to train on (default: the Python standard library sources)")
     a("--strategy", default=None,
       help='full_shard | shard_grad_op | replicate | auto, with overrides like "full_shard,blocks.0-1=replicate" '
            "(default auto, under --memory-budget or a default budget midway between least memory and shard_grad_op)")
-    a("--plan", default=None, help="plan.json to apply (from `shardsched plan --json`)")
+    a("--plan", default=None,
+      help="plan.json to apply (from `shardsched plan --json`; with --resume: default the saved run's plan)")
     a("--memory-budget", default=None, help="per-worker memory budget, e.g. 2GiB, 512MiB")
     a("--run-dir", default=None, help="output directory (default runs/<timestamp>; with --resume: that run)")
     a("--checkpoint-every", type=int, default=None, help="save a checkpoint every N steps (default 0: never)")
@@ -44,7 +51,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     a("--precision", choices=["fp32", "bf16-mixed"], default=None,
       help="fp32, or bf16 gathers and compute with fp32 master weights and reductions (default fp32)")
     a("--cluster", default=None, help="cluster file from `shardsched profile --out` (default: this machine's device preset)")
-    a("--quiet", action="store_true", help="no progress bar and no final table")
+    a("--quiet", action="store_true", help="no progress (bar or lines) and no final table; train.log is still written")
+    a("--log-every", type=int, default=0,
+      help="without a terminal, a progress line every N steps (default 0: about ten lines per run)")
 
 
 # Flags a resumed run takes from the saved config.json unless given again.
@@ -57,8 +66,8 @@ _DEFAULTS = {"steps": DEFAULT_STEPS, "seed": 0, "model": "tiny", "batch": 8, "se
 def _saved_config(resume: str | None) -> dict:
     if not resume:
         return {}
-    path = Path(resume)
-    path = path.parent.parent if path.parent.name == "checkpoints" else path
+    from shardsched.train.resume import run_dir_of
+    path = run_dir_of(resume)
     try:
         return json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
@@ -73,9 +82,12 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         given = getattr(args, key, None)
         values[key] = given if given is not None else saved.get(key, _DEFAULTS.get(key))
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
-    run_dir = args.run_dir or args.resume or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
+    from shardsched.train.resume import run_dir_of
+    resumed_dir = str(run_dir_of(args.resume)) if args.resume else None  # --resume may name a checkpoint
+    run_dir = args.run_dir or resumed_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
     return TrainConfig(**values, strategy=args.strategy, plan=args.plan, memory_budget_bytes=budget,
-                       run_dir=run_dir, resume=args.resume, quiet=args.quiet)
+                       run_dir=run_dir, resume=args.resume, quiet=args.quiet,
+                       log_every=getattr(args, "log_every", 0))
 
 
 def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
@@ -136,16 +148,27 @@ def _train_worker(ctx, cfg: TrainConfig) -> None:
 def run_train(args: argparse.Namespace) -> int:
     """`shardsched train`: 0 on success; UsageError for bad input (the CLI exits 2);
     1 with a line naming the worker when a worker fails."""
-    from shardsched.train.launcher import WorkerFailed, launch
+    from shardsched.train.launcher import WorkerFailed, external_rendezvous, launch
+    from shardsched.train.hostmem import check_local_workers
+    from shardsched.train.resume import reuse_saved_run
+    rdzv = external_rendezvous()
+    reused = reuse_saved_run(args, world_from_launcher=rdzv and rdzv.world, from_saved=_FROM_SAVED)
     world = world_size(args.nproc)
-    cfg = validate(config_from_args(args), world=world)
+    cfg = config_from_args(args)
+    check_local_workers(cfg, world=world, external=rdzv is not None)  # before anything builds the model
+    cfg = validate(cfg, world=world)
+    if reused and not cfg.quiet and _is_first_process():
+        print(reused, flush=True)
     try:
         launch(_train_worker, nproc=world, args=(cfg,))
     except WorkerFailed as e:
         print(f"shardsched train: {e}", file=sys.stderr)
         return 1
-    if not cfg.quiet and _is_first_process():
-        print(f"run directory: {cfg.run_dir}")
+    if _is_first_process():
+        from shardsched.report.run import write_report
+        png = write_report(cfg.run_dir)
+        if not cfg.quiet:
+            print(f"run directory: {cfg.run_dir} (report: {png})")
     return 0
 
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from shardsched._fmt import console as default_console
-from shardsched._fmt import fmt_bytes, fmt_seconds
+from shardsched._fmt import fmt_bytes, fmt_seconds, runs, span_name
 
 
 def print_summary(summary: dict) -> None:
@@ -24,10 +24,21 @@ def print_summary(summary: dict) -> None:
     units = Table(title="units")
     units.add_column("unit")
     units.add_column("strategy")
-    for u in summary["units"]:
-        units.add_row(u["name"], u["strategy"])
+    for name, strategy in folded_units(summary["units"]):
+        units.add_row(name, strategy)
     console = default_console()
     console.print(table)
     console.print(units)
     for note in summary["notes"]:
         console.print(f"note: {note}")
+
+
+def folded_units(units: list[dict]) -> list[tuple[str, str]]:
+    """(name, strategy) rows; 3 or more consecutive units of one strategy and size in one row."""
+    rows = []
+    for a, b in runs(units, key=lambda u: (u["strategy"], len(u["layers"]))):
+        if b - a < 2:
+            rows.extend((u["name"], u["strategy"]) for u in units[a:b + 1])
+        else:
+            rows.append((span_name(units[a]["name"], units[b]["name"]), f"{units[a]['strategy']} x{b - a + 1}"))
+    return rows

@@ -23,7 +23,7 @@ starts from the same weights (FSDP2 shards what each rank built; it does not bro
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 import torch
@@ -66,6 +66,8 @@ class Task:
     """Tokens (text models) or leading-dimension rows (others) of one global batch."""
     notes: tuple[str, ...] = ()
     """One-line facts about the data a user should know (e.g. repeated inputs)."""
+    data_used: dict = field(default_factory=dict)
+    """What the run really trained on, for config.json (`source` and sizes)."""
 
 
 # ---------------------------------------------------------------- building
@@ -180,13 +182,16 @@ def make_task(cfg: TrainConfig, built: Built, *, world: int) -> Task:
         text = load_text(cfg.data, batch=cfg.batch, seq=cfg.seq)
         kw = dict(batch=cfg.batch, seq=cfg.seq, seed=cfg.seed)
         # salt 0: training windows, 1: validation windows (`train.data.get_batch`)
+        used = {"source": text.source, "train_bytes": int(text.train.numel()), "val_bytes": int(text.val.numel())}
         return Task(train_batch=_corpus_fn(text.train, **kw, salt=0), eval_batch=_corpus_fn(text.val, **kw, salt=1),
-                    tokens_per_step=cfg.batch * cfg.seq)
+                    tokens_per_step=cfg.batch * cfg.seq, data_used=used)
     if built.batch_fn is not None:
-        return Task(train_batch=built.batch_fn, eval_batch=None, tokens_per_step=_rows(built.example_inputs) * world)
+        return Task(train_batch=built.batch_fn, eval_batch=None, tokens_per_step=_rows(built.example_inputs) * world,
+                    data_used={"source": f"batch_fn of {cfg.model}"})
     inputs = built.example_inputs
     return Task(train_batch=lambda step, rank, world: inputs, eval_batch=None,
-                tokens_per_step=_rows(inputs) * world, notes=(f"{cfg.model} {REPEATS_NOTE}",))
+                tokens_per_step=_rows(inputs) * world, notes=(f"{cfg.model} {REPEATS_NOTE}",),
+                data_used={"source": f"example inputs of {cfg.model}, repeated every step"})
 
 
 def _rows(inputs: tuple) -> int:

@@ -1,10 +1,10 @@
 """Joining a group that torchrun or SLURM started, instead of spawning."""
 import json
+import os
 import shutil
 import subprocess
 import sys
-
-import pytest
+from pathlib import Path
 
 from shardsched.train.launcher import external_rendezvous, free_port
 
@@ -23,12 +23,16 @@ def test_rendezvous_from_torchrun_and_slurm_environments():
     assert external_rendezvous({"SLURM_PROCID": "0", "SLURM_NTASKS": "2"}) is None
 
 
-@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not on PATH")
 def test_train_under_torchrun_joins_the_group(tmp_path):
+    # The venv's bin (where pip put torchrun) on PATH, as an activated venv has it: CI runs
+    # `.venv/bin/python -m pytest` without activating, so PATH alone would not find it.
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    torchrun = shutil.which("torchrun", path=env["PATH"])
+    assert torchrun, "torchrun is installed with torch, next to this Python"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+        [torchrun, "--nproc-per-node", "2", "--master-port", str(free_port()),
          "-m", "shardsched", "train", "--steps", "3", "--model", TINY, "--seq", "16",
-         "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
+         "--run-dir", str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world"] == 2 and summary["steps"] == 3

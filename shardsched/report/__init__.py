@@ -1,0 +1,1 @@
+"""Pictures of runs and plans (matplotlib, Agg backend: no display needed)."""

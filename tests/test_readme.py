@@ -1,0 +1,66 @@
+"""Every command in README.md's fenced blocks runs as written, in order, from a fresh
+directory that holds only what a clone has (`.venv`, `examples/`).
+
+Only step counts are changed, to keep CI time sane: `--steps N` becomes max(2, N // 100),
+`--checkpoint-every N` becomes max(1, N // 100) (so the resume chain keeps its shape:
+checkpoints at 1, 2, 3, resumes to 4 and 5), and a `train` without `--steps` gets
+`--steps 2`. `make train` / `make test` are not run here: `make test` is this suite, and
+`make train` is `shardsched train`, which the list runs.
+"""
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_commands() -> list[str]:
+    """Command lines of the fenced blocks (continuations joined, comments dropped): every
+    line that starts with `.venv/bin/` (the other lines are `make ...` and the layout)."""
+    blocks = re.findall(r"^```\n(.*?)^```", (ROOT / "README.md").read_text(), flags=re.S | re.M)
+    lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
+    commands = [shlex.split(ln, comments=True) for ln in lines if ln.startswith(".venv/bin/")]
+    return [shlex.join(c) if ">" not in c else _with_redirect(c) for c in commands]
+
+
+def _with_redirect(words: list[str]) -> str:
+    i = words.index(">")
+    return f"{shlex.join(words[:i])} > {shlex.quote(words[i + 1])}"
+
+
+def fewer_steps(command: str) -> str:
+    command = re.sub(r"--steps (\d+)", lambda m: f"--steps {max(2, int(m.group(1)) // 100)}", command)
+    command = re.sub(r"--checkpoint-every (\d+)", lambda m: f"--checkpoint-every {max(1, int(m.group(1)) // 100)}",
+                     command)
+    if re.search(r"\btrain\b", command) and "--steps" not in command:
+        command += " --steps 2"
+    return command
+
+
+def test_readme_lists_commands():
+    commands = readme_commands()
+    assert any(c.startswith(".venv/bin/shardsched train --resume") for c in commands)
+    assert fewer_steps(".venv/bin/shardsched train") == ".venv/bin/shardsched train --steps 2"
+
+
+def test_every_readme_command_runs_as_written(tmp_path):
+    venv = Path(sys.prefix)
+    if not (venv / "bin" / "shardsched").exists():
+        pytest.fail(f"run the suite with the project's venv python (no shardsched in {venv}/bin)")
+    (tmp_path / ".venv").symlink_to(venv)
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    env = {**os.environ, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for command in map(fewer_steps, readme_commands()):
+        proc = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, f"{command}\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}"
+    # The resume chain: 3 steps with full_shard, resumed to 4 with the same plan, then to 5 under plan.json.
+    rows = (tmp_path / "runs" / "fs4" / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 5
+    assert (tmp_path / "runs" / "fs4" / "report.png").stat().st_size > 10_000
+    assert (tmp_path / "runs" / "fs4" / "plan.before-step_000004.json").exists()  # full_shard, kept aside
