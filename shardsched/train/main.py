@@ -43,6 +43,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     a("--precision", choices=["fp32", "bf16-mixed"], default=None,
       help="fp32, or bf16 gathers and compute with fp32 master weights and reductions (default fp32)")
     a("--quiet", action="store_true", help="no progress bar and no final table")
+    from shardsched.gossip.train import add_gossip_train_arguments
+    add_gossip_train_arguments(parser)  # --sync, --segments, --groups, --topology, --optimizer
 
 
 # Flags a resumed run takes from the saved config.json unless given again.
@@ -134,6 +136,9 @@ def run_train(args: argparse.Namespace) -> int:
     """`shardsched train`: 0 on success; UsageError for bad input (the CLI exits 2);
     1 with a line naming the worker when a worker fails."""
     from shardsched.train.launcher import WorkerFailed, launch
+    from shardsched.gossip.train import run_gossip_train, wants_gossip
+    if wants_gossip(args):
+        return run_gossip_train(args)
     world = world_size(args.nproc)
     cfg = validate(config_from_args(args), world=world)
     try:
