@@ -39,6 +39,9 @@ class InFlight(NamedTuple):
     """The tensors being sent, kept alive until the sends complete."""
 
     def wait(self) -> torch.Tensor:
+        """Block until the messages arrived. Waiting twice is fine in process; for
+        process-group work a gloo send waited on twice blocks, so callers wait once
+        (exchange(async_op=False) hands back a flight with no works left)."""
         for w in self.works:
             w.wait()
         return self.received
@@ -165,6 +168,7 @@ class ProcessGroupCommunicator(Communicator):
         flight = InFlight(received=received, works=works, sending=sending)
         if not async_op:
             flight.wait()
+            return InFlight(received=received, works=())
         return flight
 
     def group_mean(self, rows, *, groups):
