@@ -31,11 +31,13 @@ class LeastSquares:
     """Sizes of the parameter tensors the d coordinates are cut into."""
 
     @classmethod
-    def make(cls, *, workers: int, dim: int, rows: int, pieces: int = 4, seed: int = 0,
+    def make(cls, *, workers: int, dim: int, rows: int, pieces: int = 4, seed: int = 0, spread: float = 1.0,
              dtype: torch.dtype = torch.float64) -> "LeastSquares":
+        """Local optima x_i* = common + spread * noise_i: `spread` sets how much workers disagree."""
         g = torch.Generator().manual_seed(seed)
         a = torch.randn(workers, rows, dim, generator=g, dtype=torch.float64) / dim ** 0.5
-        local_opt = torch.randn(workers, dim, generator=g, dtype=torch.float64)
+        local_opt = torch.randn(dim, generator=g, dtype=torch.float64) + spread * torch.randn(
+            workers, dim, generator=g, dtype=torch.float64)
         b = torch.einsum("nmd,nd->nm", a, local_opt) + 0.1 * torch.randn(workers, rows, generator=g,
                                                                          dtype=torch.float64)
         return cls(a=a.to(dtype), b=b.to(dtype), pieces=_pieces(dim, pieces))
