@@ -54,6 +54,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     a("--quiet", action="store_true", help="no progress (bar or lines) and no final table; train.log is still written")
     a("--log-every", type=int, default=0,
       help="without a terminal, a progress line every N steps (default 0: about ten lines per run)")
+    from shardsched.gossip.train import add_gossip_train_arguments
+    add_gossip_train_arguments(parser)  # --sync, --segments, --groups, --topology, --optimizer
 
 
 # Flags a resumed run takes from the saved config.json unless given again.
@@ -148,6 +150,9 @@ def _train_worker(ctx, cfg: TrainConfig) -> None:
 def run_train(args: argparse.Namespace) -> int:
     """`shardsched train`: 0 on success; UsageError for bad input (the CLI exits 2);
     1 with a line naming the worker when a worker fails."""
+    from shardsched.gossip.train import run_gossip_train, wants_gossip
+    if wants_gossip(args):
+        return run_gossip_train(args)
     from shardsched.train.launcher import WorkerFailed, external_rendezvous, launch
     from shardsched.train.hostmem import check_local_workers
     from shardsched.train.resume import reuse_saved_run
