@@ -4,7 +4,8 @@ directory that holds only what a clone has (`.venv`, `examples/`).
 Only step counts are changed, to keep CI time sane: `--steps N` becomes max(2, N // 100),
 `--checkpoint-every N` becomes max(1, N // 100) (so the resume chain keeps its shape:
 checkpoints at 1, 2, 3, resumes to 4 and 5), and a `train` without `--steps` gets
-`--steps 2`. `make train` / `make test` are not run here: `make test` is this suite, and
+`--steps 2`. Worlds of 4 become 2 (`--nproc 4`, and `--world 4` of the plan the chain
+resumes under), since 4 workers on CI's 2 cores only add start-up time. `make train` / `make test` are not run here: `make test` is this suite, and
 `make train` is `shardsched train`, which the list runs.
 """
 import os
@@ -37,6 +38,8 @@ def fewer_steps(command: str) -> str:
     command = re.sub(r"--steps (\d+)", lambda m: f"--steps {max(2, int(m.group(1)) // 100)}", command)
     command = re.sub(r"--checkpoint-every (\d+)", lambda m: f"--checkpoint-every {max(1, int(m.group(1)) // 100)}",
                      command)
+    command = command.replace("--nproc 4", "--nproc 2").replace("--device cpu --world 4 --micro-batch 2",
+                                                                "--device cpu --world 2 --micro-batch 2")
     if re.search(r"\btrain\b", command) and "--steps" not in command:
         command += " --steps 2"
     return command

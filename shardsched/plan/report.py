@@ -66,8 +66,9 @@ def _folded(rows: list[dict]) -> list[dict]:
     MLP units) becomes one row per unit of the pattern, named by its span."""
     out = []
     for a, period, reps in periodic_runs(rows, key=lambda r: r["key"]):
-        if reps == 1:
-            out.extend({**r, "unit": short_name(r["unit"]), "prefetch": r["offsets"]} for r in rows[a:a + period])
+        if reps < 3:
+            out.extend({**r, "unit": short_name(r["unit"]), "prefetch": r["offsets"]}
+                       for r in rows[a:a + period * reps])
             continue
         last = a + period * (reps - 1)
         out.extend({**rows[a + k], "unit": short_name(span_name(rows[a + k]["unit"], rows[last + k]["unit"])),
@@ -100,9 +101,14 @@ def summary_lines(plan: Plan) -> list[str]:
         f"predicted step: {fmt_seconds(p.step_seconds)} = compute {fmt_seconds(p.compute_seconds)} "
         f"+ exposed communication {fmt_seconds(p.exposed_comm_seconds)}",
         f"  lower bound max(compute, communication {fmt_seconds(p.comm_seconds)}) = {fmt_seconds(p.lower_bound_seconds)}",
-        f"solver: {s.name}, status {s.status}, gap {'n/a' if s.gap is None else f'{s.gap:.2%}'}, {s.seconds:.3f} s",
+        f"solver: {s.name}, status {s.status}, gap {_gap(s)}, {s.seconds:.3f} s",
     ]
     return lines + [f"note: {n}" for n in plan.notes]
+
+
+def _gap(s) -> str:
+    """A gap only where a solver bounded it (a given uniform plan has none to report)."""
+    return "n/a" if s.gap is None or s.status == "given" else f"{s.gap:.2%}"
 
 
 def print_plan(plan: Plan, profile: Profile, cluster: Cluster, *, console: Console | None = None,
