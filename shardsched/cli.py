@@ -28,6 +28,8 @@ COMMANDS = {
               "train with a plan on real workers (default: 2 CPU workers, small GPT)"),
     "bench": ("shardsched.train.bench", "add_bench_arguments", "run_bench",
               "train under each uniform strategy and a plan; compare time and memory"),
+    "gossip": ("shardsched.gossip.command", "add_gossip_arguments", "run_gossip",
+               "decentralised data parallelism: simulate N workers, compare algorithms on real workers"),
 }
 
 
