@@ -32,6 +32,8 @@ COMMANDS = {
                 "calibrate this machine (links, compute efficiency, FSDP2 overhead) into a --cluster file"),
     "report": ("shardsched.report.run", "add_report_arguments", "run_report",
                "a PNG of a training run: loss, step time, tokens/s, measured vs predicted memory"),
+    "gossip": ("shardsched.gossip.command", "add_gossip_arguments", "run_gossip",
+               "decentralised data parallelism: simulate N workers, compare algorithms on real workers"),
 }
 
 
