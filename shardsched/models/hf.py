@@ -44,7 +44,8 @@ HF_PRESETS: dict[str, tuple[str, dict]] = {
         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=131072, rms_norm_eps=1e-6,
         rope_theta=1000000.0, tie_word_embeddings=True, use_sliding_window=False)),
     "bert-base-uncased": ("bert", dict(vocab_size=30522)),  # BertConfig defaults are bert-base
-    "t5-small": ("t5", dict(d_model=512, d_ff=2048, d_kv=64, num_layers=6, num_heads=8, vocab_size=32128)),
+    "t5-small": ("t5", dict(d_model=512, d_ff=2048, d_kv=64, num_layers=6, num_heads=8, vocab_size=32128,
+                           decoder_start_token_id=0, pad_token_id=0)),
     "google/vit-base-patch16-224": ("vit", dict(image_size=224, patch_size=16, num_labels=1000)),
     "microsoft/resnet-50": ("resnet", dict(embedding_size=64, hidden_sizes=[256, 512, 1024, 2048],
                                            depths=[3, 4, 6, 3], layer_type="bottleneck", num_labels=1000)),
@@ -114,6 +115,9 @@ def hf_config(body: str):
             some = ", ".join(sorted(k for k in known if not k.startswith("_"))[:12])
             raise UsageError(f"hf: {name} config has no key {key!r}; accepted keys include: {some}, ...")
         setattr(config, key, _value(raw.strip()))
+    if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
+        # Seq2seq models shift labels right from this id; T5's checkpoints use the pad id, 0.
+        config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0
     return config
 
 

@@ -78,6 +78,7 @@ def unit_cost(layers: list[LayerProfile]) -> UnitCost:
                     forward_seconds=sum(layer.forward_seconds for layer in layers),
                     backward_seconds=sum(layer.backward_seconds for layer in layers),
                     activation_bytes=sum(layer.activation_bytes for layer in layers),
+                    lead_activation_bytes=sum(layer.activation_bytes for layer in layers[:-1]),
                     workspace_bytes=workspace_bytes(layers))
 
 

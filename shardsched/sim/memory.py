@@ -24,6 +24,33 @@ from shardsched.core.types import MemoryBreakdown, Strategy
 from shardsched.sim.scenario import Scenario
 
 
+def forward_gathers(unit, strategy: Strategy) -> int:
+    """AllGather outputs a unit holds while it runs forward: none for replicate (a shard
+    group of one copies in place), else one."""
+    return 0 if strategy is Strategy.REPLICATE else 1
+
+
+def extra_gather(unit, strategy: Strategy) -> int:
+    """1 for a full_shard unit of several modules: measured with FSDPMemTracker (GPT, 1
+    unit of 4 modules, world 64: two AllGather outputs of the unit live at once, with the
+    activations of all but its last module), FSDP2 running the group's pre-forward at each
+    module. Modelled at the unit's copy-out with `lead_activation_bytes`."""
+    return 1 if strategy is Strategy.FULL_SHARD and len(unit.layers) > 1 else 0
+
+
+def root_grad_bytes(sc: Scenario) -> int:
+    """Unsharded gradients of the root unit (layer ""), live through all of backward: its
+    parameters (tied heads) are used at the end of forward, so their gradients appear as
+    backward starts, and it reduces last (its post-backward ends the step)."""
+    return sc.units[0].params * sc.state.unsharded_grad if sc.n and sc.units[0].layers == ("",) else 0
+
+
+def holds_root_grad(i: int, n: int) -> bool:
+    """At the backward of unit i: the root's gradients exist (not yet at the first
+    backward step, whose workspace already holds the head's weight gradient)."""
+    return 0 < i < n - 1
+
+
 class StepMemory(NamedTuple):
     step: int
     name: str
@@ -55,7 +82,8 @@ class _Live:
         # A replicate unit is a shard group of one: FSDP2 copies its shards straight into
         # the unsharded parameters (`FSDPParamGroup.unshard` / `wait_for_unshard`,
         # `world_size == 1`): no AllGather output exists and none is held over.
-        self.agbuf = [0 if s is Strategy.REPLICATE else b for s, b in zip(sc.strategies, self.unsharded)]
+        self.agbuf = [forward_gathers(u, s) * b for u, s, b in zip(sc.units, sc.strategies, self.unsharded)]
+        self.root_grad = root_grad_bytes(sc)
         # Launched-but-unused AllGathers (prefetches) are counted at the world's padding
         # for every strategy, as the MILP counts them (linear in its launch variables).
         self.pend = [u.padded_numel(w) * sb.unsharded_param for u in sc.units]
@@ -112,11 +140,14 @@ def _mb(live: _Live, *, unsharded=0, grads=0, act=0, comm=0, opt_extra=0) -> Mem
 def _forward(live: _Live, i: int) -> list[MemoryBreakdown]:
     sc, s = live.sc, i
     held_prev = live.agbuf[i - 1] if i > 0 else 0
+    extra = extra_gather(sc.units[i], sc.strategies[i])
     copyout = _mb(live, unsharded=live.unsharded_live(s),
-                  act=live.activations(i - 1),
-                  comm=held_prev + live.agbuf[i] + live.pending_gathers(s, include_launched_here=False))
+                  act=live.activations(i - 1) + extra * sc.units[i].lead_activation_bytes,
+                  comm=held_prev + (1 + extra) * live.agbuf[i] + live.pending_gathers(s, include_launched_here=False))
+    # Forward transients: the tensor being produced next to what is saved, about the
+    # largest saved one (half the backward workspace, which is two of them).
     compute = _mb(live, unsharded=live.unsharded_live(s),
-                  act=live.activations(i) + sc.units[i].workspace_bytes,
+                  act=live.activations(i) + sc.units[i].workspace_bytes // 2,
                   comm=live.agbuf[i] + live.pending_gathers(s, include_launched_here=True))
     return [copyout, compute]
 
@@ -124,7 +155,7 @@ def _forward(live: _Live, i: int) -> list[MemoryBreakdown]:
 def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
     sc = live.sc
     i = 2 * sc.n - 1 - s
-    grads = live.sharded_grads(s)
+    grads = live.sharded_grads(s) + (live.root_grad if holds_root_grad(i, sc.n) else 0)
     held_rs = live.rsbuf[i + 1] if i + 1 < sc.n else 0
     pending = live.pending_gathers(s, include_launched_here=True)
     # Backward frees the unit's activations as it produces its gradients: at the

@@ -32,6 +32,8 @@ class UnitCost:
     """Transient bytes while the unit computes (largest activation-gradient buffers)."""
     dims: tuple[tuple[int, int], ...] = ()
     """(dim-0 size, numel) per parameter, for FSDP2's dim-0 padding; () = unknown."""
+    lead_activation_bytes: int = 0
+    """Activations of all its layers but the last: live when its last module starts."""
 
     def shard_numel(self, n: int) -> int:
         """Elements per worker sharded n ways (dim 0 of each parameter padded)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from shardsched.solve.candidates import Choice, Problem
+from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad
 from shardsched.solve.milp import FS, REP, SGO, costs_of
 from shardsched.sim.timeline import replay
 
@@ -65,7 +66,7 @@ class Evaluator:
         shard = np.array([c.shard[i][s] for i, s in enumerate(ch.strategies)], dtype=np.float64)
         pers = shard.sum() * (sb.param + sb.optimizer) + c.input_bytes
         unsh = np.array([c.unsh_by[i][s] for i, s in enumerate(ch.strategies)], dtype=np.float64)
-        ag = np.array([s is not REP for s in ch.strategies], dtype=np.float64) * unsh  # `sim.memory.agbuf`
+        ag = np.array([forward_gathers(u, s) for u, s in zip(self.p.costs, ch.strategies)], dtype=np.float64) * unsh
         nonfs = np.array([s is not FS for s in ch.strategies], dtype=np.float64) * unsh
         U = np.concatenate([[0], np.cumsum(nonfs)])
         G = np.concatenate([np.cumsum((shard * sb.grad)[::-1])[::-1], [0]])
@@ -73,8 +74,10 @@ class Evaluator:
         out = []
         for i in range(n):
             u, prev = unsh[i] + ag[i], ag[i - 1] if i else 0.0
-            out.append(pers + U[i] + max(u + prev + self.act[i] + exc[i],
-                                         u + self.act[i + 1] + c.ws[i] + inc[i]))
+            unit = self.p.costs[i]
+            extra = extra_gather(unit, ch.strategies[i]) * (unsh[i] + unit.lead_activation_bytes)
+            out.append(pers + U[i] + max(u + prev + extra + self.act[i] + exc[i],
+                                         u + self.act[i + 1] + c.ws[i] // 2 + inc[i]))
         rs = [c.rs_by[i][s] for i, s in enumerate(ch.strategies)]
         for s in range(n, 2 * n):
             out.append(self._backward(ch, s, pers, U, G, inc, exc, unsh, rs))
@@ -85,7 +88,7 @@ class Evaluator:
         c, n = self.c, self.p.n
         i = 2 * n - 1 - s
         held = rs[i + 1] if i + 1 < n else 0
-        base = pers + U[i] + G[i + 1]
+        base = pers + U[i] + G[i + 1] + (c.root_grad if holds_root_grad(i, n) else 0)
         u = unsh[i]
         m = max(u + self.act[i + 1] + c.ws[i] + held + inc[s],  # backward starts
                 u + c.ugrad[i] + self.act[i] + c.ws[i] + held + inc[s],  # backward ends
@@ -93,6 +96,17 @@ class Evaluator:
         if ch.strategies[i] is FS:
             m = max(m, 2 * unsh[i] + self.act[i + 1] + held + exc[s])
         return base + m
+
+
+def fewer_gathers(ev: Evaluator, ch: Choice) -> Choice:
+    """shard_grad_op instead of full_shard for units of several modules where that lowers
+    the peak (such a unit gathers twice in forward: `sim.memory.extra_gather`)."""
+    for i, unit in enumerate(ev.p.costs):
+        if ch.strategies[i] is FS and SGO in ev.p.allowed[i] and extra_gather(unit, FS):
+            cand = _with(ch, i, SGO)
+            if ev.peak(cand) < ev.peak(ch):
+                ch = cand
+    return ch
 
 
 def least_memory(p: Problem) -> Choice:
@@ -188,7 +202,9 @@ def greedy(p: Problem, *, budget: int, ahead: int | None = None) -> Choice | Non
     ev = Evaluator(p)
     ch = least_memory(p)
     if ev.peak(ch) > budget:
-        return None
+        ch = fewer_gathers(ev, ch)
+        if ev.peak(ch) > budget:
+            return None
     ahead = p.n if ahead is None else ahead
     ch = upgrade(ev, ch, budget=budget)
     if p.n > PER_AG_HOIST_UNITS:

@@ -38,6 +38,7 @@ import numpy as np
 
 from shardsched.cost.comm import Collective, collective_seconds
 from shardsched.cost.memory import shards
+from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad, root_grad_bytes
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.plan.schedule import optimizer_seconds_per_param
 from shardsched.core.types import Strategy
@@ -124,6 +125,8 @@ class Costs(NamedTuple):
     """Unsharded parameter bytes per strategy (dim 0 padded to its shard count)."""
     rs_by: list[dict]
     """Reduction input bytes per strategy."""
+    root_grad: int
+    """Unsharded gradients of the root unit, live through backward (`sim.memory.root_grad_bytes`)."""
     act: list[int]
     ws: list[int]
     state: object
@@ -152,6 +155,7 @@ def costs_of(p: Problem) -> Costs:
                  unsh_by=[{k: c.padded_numel(shards(k, w)) * sb.unsharded_param for k in (REP, SGO, FS)}
                           for c in p.costs],
                  rs_by=[{k: c.padded_numel(shards(k, w)) * sb.reduce for k in (REP, SGO, FS)} for c in p.costs],
+                 root_grad=root_grad_bytes(sc),
                  act=[c.activation_bytes for c in p.costs], ws=[c.workspace_bytes for c in p.costs],
                  state=sb, input_bytes=sc.input_bytes, opt_factor=sc.optimizer_workspace_factor,
                  opt_per_param=optimizer_seconds_per_param(sb, cl))
@@ -333,13 +337,17 @@ class _Build:
         for i in range(n):
             # Its unsharded parameters, its AllGather output and the previous unit's held
             # over: none for replicate units (`sim.memory`: a shard group of one copies in place).
-            own = self.zexpr(i, {k: (c.unsh_by[i][k] * (1 if k is REP else 2)) * g for k in self.z[i]})
-            prev = self.zexpr(i - 1, {k: 0.0 if k is REP else c.unsh_by[i - 1][k] * g for k in self.z[i - 1]}) if i else {}
+            unit = self.p.costs[i]
+            own = self.zexpr(i, {k: c.unsh_by[i][k] * (1 + forward_gathers(unit, k)) * g for k in self.z[i]})
+            extra = self.zexpr(i, {k: extra_gather(unit, k) * (c.unsh_by[i][k] + unit.lead_activation_bytes) * g
+                                   for k in self.z[i]})
+            prev = self.zexpr(i - 1, {k: forward_gathers(self.p.costs[i - 1], k) * c.unsh_by[i - 1][k] * g
+                                      for k in self.z[i - 1]}) if i else {}
             live = _add(_add(base, {self.U[i]: 1.0}), own)
-            self._mem(i, _add(_add(live, prev), self._pending(i, inclusive=False)),
+            self._mem(i, _add(_add(_add(live, prev), extra), self._pending(i, inclusive=False)),
                       (act[i] + c.input_bytes) * g, cap)
             self._mem(i, _add(live, self._pending(i, inclusive=True)),
-                      (act[i + 1] + c.ws[i] + c.input_bytes) * g, cap)
+                      (act[i + 1] + c.ws[i] // 2 + c.input_bytes) * g, cap)
         for s in range(n, 2 * n):
             self._backward_rows(s, base, act, cap)
         opt = {self.PP: 1.0 + c.opt_factor, self.PO: 1.0, self.G[0]: 1.0}
@@ -356,7 +364,7 @@ class _Build:
         u = self.zexpr(i, {k: c.unsh_by[i][k] * g for k in self.z[i]})
         live = _add(base, {self.U[i]: 1.0, self.G[i + 1]: 1.0})
         pend = _add(live, self._pending(s, inclusive=True))
-        inp = c.input_bytes
+        inp = c.input_bytes + (c.root_grad if holds_root_grad(i, n) else 0)  # `sim.memory.root_grad_bytes`
         self._mem(s, _add(_add(pend, u), held_rs), (act[i + 1] + c.ws[i] + inp) * g, cap)
         self._mem(s, _add(_add(pend, u), held_rs), (c.ugrad[i] + act[i] + c.ws[i] + inp) * g, cap)
         self._mem(s, _add(pend, self.zexpr(i, {k: c.rs_by[i][k] * g for k in self.z[i]})),
