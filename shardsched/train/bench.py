@@ -100,17 +100,21 @@ def _ratio(a, b) -> float | None:
 
 
 def print_bench(results: dict, *, world: int, steps: int, model: str) -> None:
+    """80 columns: tokens/s and the rest are in bench.json (and bench --json)."""
+    from rich import box
     from rich.table import Table
 
     from shardsched._fmt import console, fmt_bytes
-    table = Table(title=f"shardsched bench: {model}, {world} workers, {steps} steps per variant")
-    for col in ("variant", "step (median)", "tokens/s", "peak/worker", "step vs full_shard",
-                "peak vs full_shard", "predicted step", "predicted peak"):
-        table.add_column(col, justify="left" if col == "variant" else "right")
+    table = Table(title=f"shardsched bench: {model}, {world} workers, {steps} steps per variant",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("variant", "step", "vs fs", "peak", "vs fs", "pred. step", "pred. peak"):
+        table.add_column(col, justify="left" if col == "variant" else "right", no_wrap=True)
     fmt = lambda r: "n/a" if r is None else f"{r:.2f}x"  # noqa: E731
     for r in bench_rows(results):
-        table.add_row(r["variant"], f"{r['step_seconds'] * 1e3:.1f} ms", f"{r['tokens_per_s']:,.0f}",
-                      fmt_bytes(r["peak_bytes"]), fmt(r["step_ratio"]), fmt(r["peak_ratio"]),
+        table.add_row(r["variant"], f"{r['step_seconds'] * 1e3:.1f} ms", fmt(r["step_ratio"]),
+                      fmt_bytes(r["peak_bytes"]), fmt(r["peak_ratio"]),
                       f"{r['predicted_step_seconds'] * 1e3:.1f} ms", fmt_bytes(r["predicted_peak_bytes"]))
-    console().print(table)
-
+    out = console()
+    out.print(table)
+    out.print("step: median measured step; peak: per worker; vs fs: ratio to full_shard; pred.: the plan's",
+              highlight=False, markup=False, style="dim")
