@@ -110,18 +110,22 @@ def _ratio(a, b) -> float | None:
 
 
 def print_bench(results: dict, *, world: int, steps: int, model: str) -> None:
+    """80 columns: tokens/s and the rest are in bench.json (and bench --json)."""
+    from rich import box
     from rich.table import Table
 
     from shardsched._fmt import console, fmt_bytes
-    table = Table(title=f"shardsched bench: {model}, {world} workers, {steps} steps per variant")
-    for col in ("variant", "step (median)", "predicted step", "error", "peak/worker", "predicted peak", "error",
-                "tokens/s", "step vs full_shard", "peak vs full_shard"):
-        table.add_column(col, justify="left" if col == "variant" else "right")
+    table = Table(title=f"shardsched bench: {model}, {world} workers, {steps} steps per variant",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("variant", "step", "pred.", "err", "peak", "pred.", "err", "vs fs"):
+        table.add_column(col, justify="left" if col == "variant" else "right", no_wrap=True)
     fmt = lambda r: "n/a" if r is None else f"{r:.2f}x"  # noqa: E731
     pct = lambda e: "n/a" if e is None else f"{e:+.0%}"  # noqa: E731
     for r in bench_rows(results):
         table.add_row(r["variant"], f"{r['step_seconds'] * 1e3:.1f} ms", f"{r['predicted_step_seconds'] * 1e3:.1f} ms",
                       pct(r["step_error"]), fmt_bytes(r["peak_bytes"]), fmt_bytes(r["predicted_peak_bytes"]),
-                      pct(r["peak_error"]), f"{r['tokens_per_s']:,.0f}", fmt(r["step_ratio"]), fmt(r["peak_ratio"]))
-    console().print(table)
-
+                      pct(r["peak_error"]), fmt(r["step_ratio"]))
+    out = console()
+    out.print(table)
+    out.print("step: median measured step; peak: per worker; pred.: the plan's prediction, err its error; "
+              "vs fs: step time relative to full_shard", highlight=False, markup=False, style="dim")
