@@ -64,14 +64,22 @@ def derangement(roots: int, *, seed: int, step: int, segment: int) -> tuple[int,
     if roots < 2:
         return tuple(range(roots))
     rng = random.Random(f"crossover:{seed}:{step}:{segment}")
+    # `free` holds the roots not yet picked (swap-remove keeps each draw O(1));
+    # `where[j]` is j's index in `free`, or -1 once picked.
+    free, where = list(range(roots)), list(range(roots))
     chosen: list[int] = []
-    taken = [False] * roots
     for i in range(roots):
-        if i == roots - 2 and not taken[roots - 1]:
+        if i == roots - 2 and where[roots - 1] >= 0:
             pick = roots - 1  # forced: otherwise the last root could be left with only itself
+        elif where[i] >= 0:  # uniform over the free roots except i itself
+            k = rng.randrange(len(free) - 1)
+            pick = free[k + (k >= where[i])]
         else:
-            pick = rng.choice([j for j in range(roots) if not taken[j] and j != i])
-        taken[pick] = True
+            pick = free[rng.randrange(len(free))]
+        last, at = free[-1], where[pick]
+        free[at], where[last] = last, at
+        free.pop()
+        where[pick] = -1
         chosen.append(pick)
     return tuple(chosen)
 

@@ -1,0 +1,81 @@
+"""Gossip benchmarks, measured in one run:
+
+1. bytes per worker per step against the number of workers (simulated, n = 8..1024):
+   constant for SGP and Crossover, 2(n-1)/n of the model for AllReduce;
+2. simulator speed: N virtual workers x P parameters of least squares, 100 steps;
+3. `gossip compare` on real workers: digits (scikit-learn) and the byte-level text task.
+
+    .venv/bin/python bench/bench_gossip.py [--workers 1024] [--params 65536] [--skip-compare]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+
+import torch
+
+from shardsched.gossip.config import GossipConfig, Sync
+from shardsched.gossip.problems import DiagonalLeastSquares
+from shardsched.gossip.simulate import decaying_lr, simulate
+
+
+def bytes_vs_workers(params: int = 1024) -> bool:
+    print(f"bytes per worker per step, {params} float32 parameters ({params * 4} bytes), 16 tensors, 4 segments")
+    print(f"{'n':>6} {'sgp':>10} {'crossover':>10} {'dpsgd':>10} {'allreduce':>10} {'AR/model':>9} {'2(n-1)/n':>9}")
+    ok = True
+    for n in (8, 16, 32, 64, 128, 256, 512, 1024):
+        problem = DiagonalLeastSquares.make(workers=n, dim=params, pieces=16)
+        got = {s: simulate(problem, GossipConfig(sync=s), steps=2, lr=decaying_lr(0.1), segments=4,
+                           track_error=False).bytes_per_worker_per_step for s in (Sync.SGP, Sync.CROSSOVER,
+                                                                                   Sync.DPSGD, Sync.ALLREDUCE)}
+        ratio = got[Sync.ALLREDUCE] / (params * 4)
+        print(f"{n:>6} {got[Sync.SGP]:>10.0f} {got[Sync.CROSSOVER]:>10.0f} {got[Sync.DPSGD]:>10.0f} "
+              f"{got[Sync.ALLREDUCE]:>10.0f} {ratio:>9.4f} {2 * (n - 1) / n:>9.4f}")
+        ok &= got[Sync.SGP] == (params + 1) * 4 and got[Sync.CROSSOVER] == params * 4
+        ok &= abs(ratio - 2 * (n - 1) / n) < 1e-9
+    return ok
+
+
+def scale(workers: int, params: int, steps: int = 100) -> None:
+    problem = DiagonalLeastSquares.make(workers=workers, dim=params, pieces=16)
+    print(f"\nsimulator: {workers} workers x {params:,} parameters (float32, "
+          f"{workers * params * 4 / 2**30:.2f} GiB per copy of all models), {steps} steps")
+    for sync in (Sync.SGP, Sync.CROSSOVER, Sync.ALLREDUCE):
+        t0 = time.perf_counter()
+        res = simulate(problem, GossipConfig(sync=sync), steps=steps, lr=decaying_lr(0.1), segments=4,
+                       track_error=False)
+        print(f"  {sync.value:>10}: {time.perf_counter() - t0:7.2f} s, consensus {res.consensus[-1]:.3e}")
+
+
+def compare(skip: bool) -> None:
+    if skip:
+        return
+    from shardsched.cli import main
+    for task, batches, steps in (("digits", "128,512,2048", "100"), ("text", "32,128", "30")):
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            t0 = time.perf_counter()
+            main(["gossip", "compare", "--nproc", "4", "--task", task, "--batch", batches, "--steps", steps,
+                  "--json", f.name])
+            rows = json.load(open(f.name))
+            print(f"({task}: {time.perf_counter() - t0:.0f} s in all, {len(rows)} runs)")
+
+
+def run(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--workers", type=int, default=1024)
+    p.add_argument("--params", type=int, default=65536)
+    p.add_argument("--skip-compare", action="store_true")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    ok = bytes_vs_workers()
+    print("bytes constant in n for SGP/Crossover, AllReduce = 2(n-1)/n of the model:", "yes" if ok else "NO")
+    scale(args.workers, args.params)
+    compare(args.skip_compare)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run())
