@@ -19,14 +19,16 @@ REAL = {  # parameters of the released checkpoints
 }
 
 
-def run(args: list[str]) -> tuple[float, int, dict]:
+def run(args: list[str]) -> tuple[float, float, int, dict]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "shardsched", *args, "--json"], capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"plan failed: {r.stderr.strip()}")
-    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # KiB on Linux
-    return seconds, rss, json.loads(r.stdout)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return seconds, cpu, after.ru_maxrss * 1024, json.loads(r.stdout)  # ru_maxrss: KiB on Linux
 
 
 def main() -> int:
@@ -34,9 +36,9 @@ def main() -> int:
     for model, real in REAL.items():
         args = ["plan", "--model", model, "--world", "512", "--gpus-per-node", "8", "--device", "h100",
                 "--memory-budget", "70GiB"]
-        seconds, rss, plan = run(args)
+        seconds, cpu, rss, plan = run(args)
         params = sum(u["params"] for u in plan["units"])
-        print(f"{model}: {seconds:.1f} s, child peak RSS {rss / 2**30:.2f} GiB, {len(plan['units'])} units, "
+        print(f"{model}: {seconds:.1f} s wall ({cpu:.1f} s CPU: the wall time counts other load on the machine), child peak RSS {rss / 2**30:.2f} GiB, {len(plan['units'])} units, "
               f"params {params:,} (real {real:,}), predicted peak {plan['predicted']['peak_bytes'] / 2**30:.2f} GiB, "
               f"step {plan['predicted']['step_seconds']:.3f} s, solver {plan['solver']['name']}")
         ok &= params == real and seconds < 30 and rss < 2 * 2**30
