@@ -75,7 +75,10 @@ def _value(raw: str) -> Any:
 
 def _config_dict(name: str) -> dict:
     """The config values `name` stands for (model_type included)."""
-    if name.endswith(".json") or os.sep in name or name.startswith(".") and os.path.exists(name):
+    if name in HF_PRESETS:
+        model_type, values = HF_PRESETS[name]
+        return {"model_type": model_type, **values}
+    if name.endswith(".json") or os.path.exists(name):
         path = os.path.join(name, "config.json") if os.path.isdir(name) else name
         try:
             data = json.loads(open(path, encoding="utf-8").read())
@@ -86,9 +89,6 @@ def _config_dict(name: str) -> dict:
         if not isinstance(data, dict) or "model_type" not in data:
             raise UsageError(f"hf: {path} has no 'model_type': not a transformers config.json")
         return data
-    if name in HF_PRESETS:
-        model_type, values = HF_PRESETS[name]
-        return {"model_type": model_type, **values}
     if name in _transformers().CONFIG_MAPPING:
         return {"model_type": name}
     raise UsageError(f"hf: unknown model {name!r} (no network: only configs known offline); accepted: {ACCEPTED}")

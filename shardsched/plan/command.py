@@ -21,8 +21,9 @@ from shardsched.profile.resolve import profile_for
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
-    a("--model", default="gpt2", help=f"preset ({', '.join(PRESETS)}), "
-                                      "gpt:key=value,... or python:module:function (default gpt2)")
+    a("--model", default="gpt2", help=f"preset ({', '.join(PRESETS)}), gpt:key=value,..., "
+                                      "python:module:function (imports and runs that code) or "
+                                      "hf:<config.json | model type | checkpoint name>[,key=value...] (default gpt2)")
     a("--world", type=int, default=8, help="data-parallel workers (default 8)")
     a("--gpus-per-node", type=int, default=None, help="workers per node; must divide --world (default min(8, world))")
     a("--device", default=None, help=f"device preset: {', '.join(DEVICES)} (default h100; cpu for python: models)")
@@ -36,7 +37,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
                                        "'full_shard,blocks.0-3=replicate' (default full_shard; auto with --memory-budget)")
     a("--memory-budget", default=None, help="per-worker budget, e.g. 40GiB")
     a("--plan", default=None, help="re-evaluate an existing plan.json for this model and cluster")
-    a("--measure", action="store_true", help="profile a preset by running it on this machine")
+    a("--measure", action="store_true", help="time the model on this machine instead of tracing it on fake tensors "
+                                             "(min of repeats, cached by fingerprint)")
     a("--no-fuse", action="store_true", help="one unit per layer (no block-size fusion)")
     a("--time-limit", type=float, default=10.0, help="seconds for the auto planner (default 10)")
     a("--json", action="store_true", help="print the plan as JSON instead of tables")
@@ -100,6 +102,7 @@ def run_plan(args: argparse.Namespace) -> int:
         # Reported, never silently accepted: the plan is still shown (and saved) for inspection.
         sys.stderr.write(f"shardsched plan: warning: predicted peak {plan.predicted.peak_bytes} bytes exceeds "
                          f"--memory-budget {budget} bytes; try --strategy auto\n")
+    device_memory_warning(plan, cluster)
     if args.out:
         write_atomic(args.out, plan.to_json() + "\n")
     if args.trace:
@@ -113,6 +116,14 @@ def run_plan(args: argparse.Namespace) -> int:
         from shardsched.plan.report import print_plan
         print_plan(plan, profile, cluster, wide=args.wide)
     return 0
+
+
+def device_memory_warning(plan: Plan, cluster: Cluster) -> None:
+    """One line when the plan cannot fit the named device, whatever the budget says."""
+    mem = cluster.device.memory_bytes
+    if plan.predicted.peak_bytes > mem:
+        sys.stderr.write(f"shardsched plan: warning: predicted peak {plan.predicted.peak_bytes / 2**30:.2f} GiB exceeds "
+                         f"the {cluster.device.name}'s {mem / 2**30:.0f} GiB of memory per worker\n")
 
 
 def reevaluate(plan: Plan, profile, cluster: Cluster, budget: int | None) -> Plan:
