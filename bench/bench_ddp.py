@@ -45,11 +45,7 @@ def _variants(cfg: TrainConfig, mesh) -> dict:
     plan = replicate_plan(build_model(cfg), mesh.size())
     ours = par.parallelize(build_model(cfg), plan, mesh=mesh)
     fsdp = build_model(cfg)
-    old, par.runs_on_ddp = par.runs_on_ddp, lambda p: False  # the pre-issue-8 path, for comparison
-    try:
-        par.parallelize(fsdp, plan, mesh=mesh)
-    finally:
-        par.runs_on_ddp = old
+    par.parallelize(fsdp, plan, mesh=mesh, ddp=False)  # the pre-issue-8 path, for comparison
     ddp = DistributedDataParallel(build_model(cfg), process_group=mesh.get_group(),
                                   gradient_as_bucket_view=True)
     return {name: (m, build_optimizer(m, cfg))

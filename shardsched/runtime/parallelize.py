@@ -60,11 +60,12 @@ def replicate_mesh(mesh: DeviceMesh) -> DeviceMesh:
     return DeviceMesh(mesh.device_type, mesh.mesh.reshape(-1, 1), mesh_dim_names=("replicate", "shard"))
 
 
-def parallelize(model: nn.Module, plan: Plan, *, mesh: DeviceMesh) -> nn.Module:
+def parallelize(model: nn.Module, plan: Plan, *, mesh: DeviceMesh, ddp: bool = True) -> nn.Module:
     """Shard `model` in place as `plan` says; returns it (an FSDPModule, or a
-    DDP-replicated module when every unit is replicate: see runtime/ddp.py)."""
+    DDP-replicated module when every unit is replicate and `ddp`: see runtime/ddp.py;
+    ddp=False keeps such a plan on FSDP2, e.g. to measure FSDP2 itself)."""
     check_plan(model, plan, mesh.size())
-    if runs_on_ddp(plan):  # DDP's engine for plain data parallelism: see runtime/ddp.py
+    if ddp and runs_on_ddp(plan):  # DDP's engine for plain data parallelism: see runtime/ddp.py
         return replicate_with_ddp(model, mesh=mesh)
     mp = mp_policy(plan.precision)
     rep_mesh = replicate_mesh(mesh) if any(u.strategy is Strategy.REPLICATE for u in plan.units) else None

@@ -43,7 +43,8 @@ def measured_and_predicted(cfg: GPTConfig, micro_batch: int, world: int, strateg
     model = GPT(cfg)
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     try:
-        parallelize(model, plan, mesh=init_device_mesh("cpu", (world,)))
+        # ddp=False: this measures FSDP2, whose replicate units (in mixed plans) the model predicts.
+        parallelize(model, plan, mesh=init_device_mesh("cpu", (world,)), ddp=False)
         opt = (torch.optim.Adam(model.parameters(), lr=1e-3) if optimizer == "adam"
                else torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9))
 
