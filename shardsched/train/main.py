@@ -7,15 +7,13 @@ is one line on stderr and exit status 2 instead of a worker's traceback.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
 import sys
 import time
-from pathlib import Path
 
 from shardsched.cost.bytes import parse_bytes
 from shardsched.errors import UsageError
 from shardsched.train.config import TrainConfig
+from shardsched.train.validate import check_train_args, read_saved_config, validate  # noqa: F401 (bench)
 
 DEFAULT_STEPS = 500
 """About a minute for the tiny model with 2 workers on 2 CPU cores (measured ~0.09 s/step: 500 steps ~ 45 s plus ~10 s start-up and profiling)."""
@@ -23,7 +21,8 @@ DEFAULT_STEPS = 500
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `shardsched train`. Defaults are None where --resume takes the saved value."""
     a = parser.add_argument
-    a("--nproc", type=int, default=2, help="local workers to spawn (ignored under torchrun/SLURM)")
+    a("--nproc", type=int, default=None, help="local workers to spawn (default 2); under torchrun/SLURM the "
+                                             "launcher's tasks are the workers and --nproc must match them")
     a("--steps", type=int, default=None, help=f"total optimizer steps (default {DEFAULT_STEPS})")
     a("--seed", type=int, default=None, help="seed for initialisation and batches (default 0)")
     a("--model", default=None, help="model spec: preset (tiny, small) or gpt:key=value,... (default tiny)")
@@ -51,20 +50,10 @@ _DEFAULTS = {"steps": DEFAULT_STEPS, "seed": 0, "model": "tiny", "batch": 8, "se
              "eval_every": 100, "checkpoint_every": 0, "precision": "fp32"}
 
 
-def _saved_config(resume: str | None) -> dict:
-    if not resume:
-        return {}
-    path = Path(resume)
-    path = path.parent.parent if path.parent.name == "checkpoints" else path
-    try:
-        return json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}  # a checkpoint copied without its run directory: flags and defaults apply
-
-
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """TrainConfig from flags, the resumed run's config.json, then defaults."""
-    saved = _saved_config(args.resume)
+    check_train_args(args)
+    saved = read_saved_config(args.resume, model=args.model)
     values = {}
     for key in _FROM_SAVED:
         given = getattr(args, key, None)
@@ -75,72 +64,41 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                        run_dir=run_dir, resume=args.resume, quiet=args.quiet)
 
 
-def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
-    """Check everything checkable before workers start; returns cfg with the
-    checkpoint to resume from resolved (messages about skipped ones printed here)."""
-    from shardsched.plan.spec import parse_strategy_spec
-    from shardsched.train import checkpoint as ckpt
-    from shardsched.train.data import check_divisible, load_text
-    from shardsched.train.config import build_model
-    from shardsched.train.planning import load_plan
-    for name in ("steps", "seq"):
-        if getattr(cfg, name) < 1:
-            raise UsageError(f"--{name} must be at least 1, got {getattr(cfg, name)}")
-    for name in ("checkpoint_every", "eval_every"):
-        if getattr(cfg, name) < 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(cfg, name)}")
-    if cfg.lr <= 0:
-        raise UsageError(f"--lr must be positive, got {cfg.lr}")
-    check_divisible(batch=cfg.batch, world=world)
-    if cfg.plan is None:
-        parse_strategy_spec(cfg.strategy or "auto")
-    load_text(cfg.data, batch=cfg.batch, seq=cfg.seq)
-    model = build_model(cfg)
-    if cfg.plan:
-        load_plan(cfg.plan, model=model, world=world)
-    if cfg.resume:
-        found = ckpt.find_checkpoint(cfg.resume, log=lambda m: print(m, file=sys.stderr))
-        cfg = dataclasses.replace(cfg, resume=str(found))
-    _check_run_dir_is_free(cfg)
-    return cfg
-
-
-def _check_run_dir_is_free(cfg: TrainConfig) -> None:
-    """A new run must not mix its checkpoints with another run's: a good old
-    checkpoint is never overwritten, so the new one would silently be lost."""
-    from shardsched.train.checkpoint import checkpoint_dir
-    existing = sorted(checkpoint_dir(cfg.run_dir).glob("step_*")) if checkpoint_dir(cfg.run_dir).is_dir() else []
-    resumed_here = cfg.resume and Path(cfg.resume).resolve().parent.parent == Path(cfg.run_dir).resolve()
-    if existing and not resumed_here:
-        raise UsageError(f"{cfg.run_dir} already holds checkpoints of another run; "
-                         f"continue it with --resume {cfg.run_dir} or pick another --run-dir")
-
-
 def world_size(nproc: int) -> int:
     """Workers of this run: the launcher's world under torchrun/SLURM, else --nproc."""
-    from shardsched.train.launcher import external_rendezvous
-    if nproc < 1:
+    from shardsched.train.launcher import check_nproc
+    if nproc is not None and nproc < 1:
         raise UsageError(f"--nproc must be at least 1, got {nproc}")
-    rdzv = external_rendezvous()
-    return rdzv.world if rdzv else nproc
+    return check_nproc(nproc)
 
 
 def _train_worker(ctx, cfg: TrainConfig) -> None:
+    from shardsched.train.console import tee_output
     from shardsched.train.trainer import train
-    train(cfg, mesh=ctx.mesh, rank=ctx.rank, device=ctx.device)
+    with tee_output(cfg.run_dir, enabled=ctx.rank == 0):
+        train(cfg, mesh=ctx.mesh, rank=ctx.rank, device=ctx.device)
 
 
 def run_train(args: argparse.Namespace) -> int:
     """`shardsched train`: 0 on success; UsageError for bad input (the CLI exits 2);
     1 with a line naming the worker when a worker fails."""
+    from shardsched.train.console import report
+    from shardsched.train.interrupt import Interrupted
     from shardsched.train.launcher import WorkerFailed, launch
+    from shardsched.train.lock import run_dir_lock
     world = world_size(args.nproc)
     cfg = validate(config_from_args(args), world=world)
     try:
-        launch(_train_worker, nproc=world, args=(cfg,))
+        with run_dir_lock(cfg.run_dir, enabled=_is_first_process()):
+            launch(_train_worker, nproc=world, args=(cfg,))
     except WorkerFailed as e:
-        print(f"shardsched train: {e}", file=sys.stderr)
+        report(cfg.run_dir, f"shardsched train: {e}")
         return 1
+    except Interrupted as e:
+        if _is_first_process():
+            report(cfg.run_dir, f"shardsched train: {e}" + (f" after step {e.step}" if e.step else "")
+                   + (f"; resume with --resume {cfg.run_dir}" if cfg.checkpoint_every else ""))
+        return e.exit_code
     if not cfg.quiet and _is_first_process():
         print(f"run directory: {cfg.run_dir}")
     return 0

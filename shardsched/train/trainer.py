@@ -26,6 +26,7 @@ from shardsched._fmt import fmt_bytes
 from shardsched.errors import UsageError
 from shardsched.core.types import Plan
 from shardsched.train import checkpoint as ckpt
+from shardsched.train import interrupt
 from shardsched.train.data import TextData, check_divisible, get_batch, load_text
 from shardsched.train.config import TrainConfig, build_model
 from shardsched.train.planning import obtain_plan, share_from_rank0
@@ -159,12 +160,22 @@ def _run_steps(run: _Run, steps: range, *, bar) -> None:
         run.losses.append(loss)
         run.step_seconds.append(seconds)
         _record(run, step, loss, seconds, val)
-        if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
-            ckpt.save_checkpoint(cfg.run_dir, step=step + 1, model=run.model, optimizer=run.opt,
-                                 mesh=run.mesh, rank=run.rank,
-                                 meta={"data_position": step + 1, "world": run.mesh.size(),
-                                       "config": dataclasses.asdict(cfg)})
+        saved = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
+        if saved:
+            _save(run, step + 1)
         bar.update(step + 1, loss, cfg.batch * cfg.seq / seconds)
+        signum = interrupt.agreed_signal(run.mesh)  # every worker stops after the same step
+        if signum:
+            if cfg.checkpoint_every and not saved:
+                _save(run, step + 1)  # the final checkpoint: the last one is older than this step
+            raise interrupt.Interrupted(signum, step + 1)
+
+
+def _save(run: _Run, step: int) -> None:
+    ckpt.save_checkpoint(run.cfg.run_dir, step=step, model=run.model, optimizer=run.opt,
+                         mesh=run.mesh, rank=run.rank,
+                         meta={"data_position": step, "world": run.mesh.size(),
+                               "config": dataclasses.asdict(run.cfg)})
 
 
 def _measure_cpu_peak(run: _Run) -> int | None:
@@ -262,8 +273,6 @@ def _setup(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.devic
     data = load_text(cfg.data, batch=cfg.batch, seq=cfg.seq)
     model = build_model(cfg)
     plan = plan or obtain_plan(cfg, model, mesh=mesh, rank=rank)
-    if rank == 0:
-        _write_run_files(cfg, plan)
     model.to(device)
     parallelize(model, plan, mesh=mesh)
     # The optimizer sees the sharded parameters (DTensors), so its state is sharded too.
@@ -278,7 +287,8 @@ def train(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.device
     `plan` overrides cfg.plan / make_plan (tests build plans by hand)."""
     run = _setup(cfg, mesh=mesh, rank=rank, device=device or torch.device("cpu"), plan=plan)
     start = _resume(run) if cfg.resume else 0
-    if rank == 0:
+    if rank == 0:  # only now: a failed start or resume changes nothing in the run directory
+        _write_run_files(cfg, run.plan)
         _prepare_metrics(cfg, start)
     measure = cfg.measure_memory and run.device.type == "cpu"
     cpu_peak = _measure_cpu_peak_or_warn(run) if measure else None
