@@ -32,7 +32,7 @@ def check_int(name: str, value: int | None, *, lo: int, hi: int | None = None) -
     if value is None:
         return
     if value < lo or (hi is not None and value > hi):
-        bound = f">= {lo}" + (f" and <= {hi}" if hi is not None else "")
+        bound = f"at least {lo}" if value < lo else f"at most {hi}"
         raise UsageError(f"{flag(name)} must be {bound}, got {value}")
 
 

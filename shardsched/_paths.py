@@ -50,8 +50,8 @@ def check_writable_file(path: str, flag: str) -> Path:
     parent = p.parent if str(p.parent) else Path(".")
     existing = _nearest_existing(parent)
     if existing != parent:
-        what = "is a file" if existing.exists() and not existing.is_dir() else "does not exist"
-        raise UsageError(f"{flag} {path}: {existing} {what}; accepted: a file in an existing directory")
+        why = f"{existing} is not a directory" if not existing.is_dir() else f"directory {parent} does not exist"
+        raise UsageError(f"{flag} {path}: {why}; accepted: a file in an existing directory")
     if not parent.is_dir():
         raise UsageError(f"{flag} {path}: {parent} is not a directory; accepted: a file in an existing directory")
     if p.exists() and not os.access(p, os.W_OK):

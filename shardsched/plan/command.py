@@ -67,6 +67,8 @@ cluster, low enough that the planner's arithmetic stays fast."""
 def check_plan_flags(args: argparse.Namespace) -> None:
     """Everything argparse lets through that no plan can mean (one line, exit 2)."""
     reject_empty_strings(args)
+    if args.world < 1:
+        raise UsageError(f"--world must be >= 1, got {args.world}")
     check_int("world", args.world, lo=1, hi=MAX_WORLD)
     check_int("gpus_per_node", args.gpus_per_node, lo=1, hi=MAX_WORLD)
     check_int("micro_batch", args.micro_batch, lo=1, hi=MAX_WORLD)

@@ -55,9 +55,10 @@ def tee_output(run_dir: str, *, enabled: bool = True) -> Iterator[None]:
 
 
 def report(run_dir: str, line: str) -> None:
-    """The run's last word: stderr, and train.log when the run has one."""
+    """The run's last word: stderr, and train.log once the run has started (its
+    plan.json is written only after start-up and resume succeeded)."""
     print(line, file=sys.stderr, flush=True)
     path = Path(run_dir) / LOG_NAME
-    if path.is_file():
+    if path.is_file() or (Path(run_dir) / "plan.json").is_file():
         with open(path, "a", encoding="utf-8") as f:
             f.write(line + "\n")

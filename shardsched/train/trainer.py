@@ -86,13 +86,15 @@ def _mean_over_workers(value: torch.Tensor, mesh: DeviceMesh) -> float:
 
 def _maybe_fail(rank: int, step: int) -> None:
     """Test hook: SHARDSCHED_TEST_FAIL_RANK / _STEP make one worker die mid-run
-    (SHARDSCHED_TEST_FAIL_MODE=kill: by SIGKILL, else by an exception)."""
+    (SHARDSCHED_TEST_FAIL_MODE=kill: by SIGKILL, exit0: exit status 0, else by an exception)."""
     if os.environ.get("SHARDSCHED_TEST_FAIL_RANK") != str(rank):
         return
     if os.environ.get("SHARDSCHED_TEST_FAIL_STEP", "1") != str(step):
         return
     if os.environ.get("SHARDSCHED_TEST_FAIL_MODE") == "kill":
         os.kill(os.getpid(), 9)
+    if os.environ.get("SHARDSCHED_TEST_FAIL_MODE") == "exit0":  # leaves quietly, as if done
+        os._exit(0)
     raise RuntimeError(f"test failure injected at step {step}")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
+import os
 import sys
 from pathlib import Path
 
@@ -54,6 +54,8 @@ def read_saved_config(resume: str | None, *, model: str | None) -> dict:
     if not resume:
         return {}
     path = run_dir_of(resume) / "config.json"
+    if not os.path.lexists(path):
+        return {}  # a checkpoint copied without its run directory: flags and defaults apply
     try:
         saved = loads_strict(path.read_bytes())
     except OSError as e:
