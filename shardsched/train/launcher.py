@@ -270,11 +270,14 @@ def _worker_main(local_index: int, fn: Callable[..., Any], args: tuple, rdzv: Re
         _destroy()
 
 
-def _store(rdzv: Rendezvous, *, rank: int, timeout: datetime.timedelta, local: bool) -> dist.TCPStore:
-    """The rendezvous store. For local workers rank 0 listens on 127.0.0.1 only
-    (TCPStore would otherwise listen on every interface): it binds the socket
-    itself and hands it over (`master_listen_fd`)."""
-    if local and rank == 0:
+def _store(rdzv: Rendezvous, *, rank: int, timeout: datetime.timedelta, local: bool) -> dist.TCPStore | None:
+    """The rendezvous store of local workers: rank 0 listens on 127.0.0.1 only
+    (TCPStore would otherwise listen on every interface), binding the socket
+    itself and handing it over (`master_listen_fd`). Under torchrun/SLURM: None,
+    so init_process_group uses env:// (torchrun's agent store, or MASTER_ADDR)."""
+    if not local:
+        return None
+    if rank == 0:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", rdzv.port))
