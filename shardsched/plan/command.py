@@ -22,7 +22,8 @@ from shardsched.profile.resolve import profile_for
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     a("--model", default="gpt2", help="preset (gpt2, gpt2-xl, llama-7b, llama-70b, gpt3-175b, tiny, small), "
-                                      "gpt:key=value,... or python:module:function (default gpt2)")
+                                      "gpt:key=value,... or python:module:function (default gpt2); python: imports that module "
+                                      "and runs that function in this process: use it only with code you trust")
     a("--world", type=int, default=8, help="data-parallel workers (default 8)")
     a("--gpus-per-node", type=int, default=None, help="workers per node; must divide --world (default min(8, world))")
     a("--device", default=None, help=f"device preset: {', '.join(DEVICES)} (default h100; cpu for python: models)")
