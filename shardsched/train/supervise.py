@@ -90,6 +90,15 @@ def _failure(i: int, code: int, finished: bool, error_file: str) -> tuple[int, E
     return 0, WorkerFailed(i, f"worker {i} exited with status {code}")
 
 
+def _written_at(error_file: str) -> int:
+    """When a worker wrote its traceback (ns): of two that raised in one poll, the
+    earlier is the cause, the later usually its peer's 'connection closed'."""
+    try:
+        return os.stat(error_file).st_mtime_ns
+    except (OSError, TypeError):
+        return 0
+
+
 def _stop_all(procs, *, grace: float) -> None:
     """SIGTERM, then SIGKILL after `grace` seconds, for every worker still alive."""
     for p in procs:
@@ -115,11 +124,11 @@ def supervise(pc, state, *, grace: float = GRACE_SECONDS) -> None:
             for i, p in enumerate(procs):
                 if i not in seen and p.exitcode is not None:
                     seen[i] = poll
-            failures = [(seen[i], *f, i) for i in seen
+            failures = [(seen[i], f[0], _written_at(pc.error_files[i]), i, f[1]) for i in seen
                         if (f := _failure(i, procs[i].exitcode, bool(state[2 * i]), pc.error_files[i]))]
             if failures:
                 _stop_all(procs, grace=1.0)
-                raise min(failures, key=lambda t: (t[0], t[1], t[3]))[2]
+                raise min(failures, key=lambda t: t[:4])[4]
             if len(seen) == n:
                 break
             if sig.received and deadline is None:
