@@ -9,10 +9,52 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
+import math
 import typing
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+MAX_INT = 2**63 - 1
+"""Largest integer a JSON file may hold: every count and byte size we store fits
+in int64; anything larger (10**400) is a forged or broken file."""
+_MAX_DIGITS = len(str(MAX_INT))
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows (NaN and Infinity are rejected)")
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > _MAX_DIGITS or abs(int(text)) > MAX_INT:
+        raise ValueError(f"integer {text[:20]}{'...' if len(text) > 20 else ''} is out of range (|n| <= 2**63-1)")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:20]} is out of range")
+    return value
+
+
+def loads_strict(text: str | bytes) -> Any:
+    """json.loads for files a user hands us: UTF-8 only, no NaN/Infinity, no
+    integer beyond int64, no float that overflows, no nesting deep enough to
+    exhaust the stack. Any problem is a ValueError with one line."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"not UTF-8 text (byte {e.start})") from None
+    try:
+        return json.loads(text, parse_constant=_reject_constant, parse_int=_parse_int,
+                          parse_float=_parse_float)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not valid JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise ValueError("not valid JSON (nested too deeply)") from None
 
 
 def to_dict(obj: Any) -> Any:
@@ -56,7 +98,7 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
             raise ValueError(f"{where}: expected a list")
         elem = args[0] if args else Any
         return tuple(_convert(elem, v, where) for v in value)
-    if origin is dict:
+    if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ValueError(f"{where}: expected an object")
         return dict(value)
@@ -68,8 +110,12 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
         except ValueError:
             raise ValueError(f"{where}: {value!r} is not one of {[m.value for m in tp]}") from None
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if (isinstance(value, int) and abs(value) > MAX_INT) or not math.isfinite(float(value)):
+            raise ValueError(f"{where}: expected a finite number, got {value!r}")
         return float(value)
     if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) > MAX_INT:
+            raise ValueError(f"{where}: integer out of range")
         return value
     if tp in (str, bool) and isinstance(value, tp):
         return value

@@ -10,7 +10,7 @@ import enum
 import json
 from dataclasses import dataclass, field
 
-from shardsched._json import from_dict, to_dict
+from shardsched._json import from_dict, loads_strict, to_dict
 
 PLAN_VERSION = 1
 
@@ -128,12 +128,13 @@ class Plan:
         return json.dumps(to_dict(self), indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "Plan":
-        """Parse a plan; ValueError with one line on anything malformed."""
+    def from_json(cls, text: str | bytes) -> "Plan":
+        """Parse a plan; ValueError with one line on anything malformed
+        (the schema only: `plan.validate` checks the plan's own consistency)."""
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"plan is not valid JSON ({e.msg} at line {e.lineno})") from None
-        if not isinstance(data, dict) or data.get("version") != PLAN_VERSION:
+            data = loads_strict(text)
+        except ValueError as e:
+            raise ValueError(f"plan: {e}") from None
+        if not isinstance(data, dict) or type(data.get("version")) is not int or data["version"] != PLAN_VERSION:
             raise ValueError(f"plan has no 'version': {PLAN_VERSION} (not a shardsched plan, or another schema)")
         return from_dict(cls, data)

@@ -42,6 +42,11 @@ PRESETS: dict[str, GPTConfig] = {
 }
 
 _INT_KEYS = ("layers", "hidden", "heads", "ffn", "vocab", "seq")
+# Upper bounds far above any published model (GPT-3: 96 layers, hidden 12288;
+# LLaMA-3 405B: 126 layers, hidden 16384, ffn 53248, vocab 128256), low enough
+# that profiling and planning stay interactive (100,000 layers took 54 s).
+_INT_MAX = {"layers": 4096, "hidden": 1 << 18, "heads": 1 << 14, "ffn": 1 << 20, "vocab": 1 << 24,
+            "seq": 1 << 22}
 _CHOICE_KEYS = {"mlp": ("gelu", "swiglu"), "norm": ("layernorm", "rmsnorm")}
 _BOOL_KEYS = ("bias", "learned_pos")
 _BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
@@ -105,9 +110,11 @@ def _gpt_value(key: str, raw: str) -> Any:
         try:
             value = int(raw)
         except ValueError:
-            raise UsageError(f"gpt: {key}={raw!r} is not an integer; accepted keys: {_GPT_KEYS}") from None
+            raise UsageError(f"gpt: {key}={raw[:20]!r} is not an integer; accepted keys: {_GPT_KEYS}") from None
         if value < (0 if key == "ffn" else 1):
             raise UsageError(f"gpt: {key}={value} must be positive; accepted keys: {_GPT_KEYS}")
+        if value > _INT_MAX[key]:
+            raise UsageError(f"gpt: {key}={value} is above the limit {_INT_MAX[key]}; accepted keys: {_GPT_KEYS}")
         return value
     if key in _CHOICE_KEYS:
         if raw not in _CHOICE_KEYS[key]:
@@ -122,7 +129,13 @@ def _gpt_value(key: str, raw: str) -> Any:
 
 def _python_builder(body: str) -> Callable[[], tuple[Any, tuple]]:
     """Import `module:function` now (so errors surface at parse time) and wrap
-    the function so a wrong return shape is a UsageError, not a crash later."""
+    the function so that anything it does wrong (raises, calls sys.exit, returns
+    the wrong shape, a model whose output is not a scalar loss) is a UsageError
+    of one line naming it, not a traceback later.
+
+    [Note: python: runs the user's code] The module is imported and the function
+    called in this process, with this user's rights: `python:` is for code you
+    trust, exactly like `python -c "import module"`. The README and --help say so."""
     module_name, sep, func_name = body.rpartition(":")
     if not sep or not module_name or not func_name:
         raise UsageError(f"bad model {'python:' + body!r}: expected python:module:function; accepted: {ACCEPTED}")
@@ -130,34 +143,82 @@ def _python_builder(body: str) -> Callable[[], tuple[Any, tuple]]:
     fn = getattr(module, func_name, None)
     if not callable(fn):
         raise UsageError(f"model: {module_name} has no function {func_name!r}; accepted: {ACCEPTED}")
+    name = f"python:{module_name}:{func_name}"
 
     def build() -> tuple[Any, tuple]:
-        out = fn()
+        out = run_user_code(name, "()", fn)
         if not (isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[0], _nn_module())):
-            raise UsageError(f"model: {module_name}:{func_name}() must return (model, example_inputs)")
+            raise UsageError(f"model {name}() must return (model, example_inputs), "
+                             f"got {_describe(out)}; accepted: {ACCEPTED}")
         model, inputs = out
-        return model, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        check_scalar_loss(name, model, inputs)
+        return model, inputs
 
     return build
 
 
+def _describe(out: Any) -> str:
+    if isinstance(out, (tuple, list)):
+        return f"a {type(out).__name__} of {len(out)} ({', '.join(type(v).__name__ for v in out[:3])})"
+    return type(out).__name__
+
+
+def run_user_code(name: str, what: str, fn: Callable, *args) -> Any:
+    """fn(*args) for code named by `--model python:...`: any exception or
+    sys.exit becomes a UsageError of one line naming `name` and what it did."""
+    try:
+        return fn(*args)
+    except KeyboardInterrupt:
+        raise
+    except SystemExit as e:
+        raise UsageError(f"model {name}{what} called sys.exit({e.code!r}); accepted: a function that "
+                         f"returns (model, example_inputs)") from None
+    except UsageError:
+        raise
+    except BaseException as e:  # noqa: BLE001 - the user's code: report it, whatever it raised
+        msg = str(e).splitlines()[0] if str(e).strip() else ""
+        raise UsageError(f"model {name}{what} raised {type(e).__name__}{': ' + msg[:200] if msg else ''}") from None
+
+
+def check_scalar_loss(name: str, model: Any, inputs: tuple) -> None:
+    """One forward without gradients: model(*inputs) must be a non-empty floating
+    tensor, the loss or (as `measure_profile` documents) a tensor whose sum is it."""
+    import torch
+
+    with torch.no_grad():
+        out = run_user_code(name, " model(*example_inputs)", model, *inputs)
+    if not (isinstance(out, torch.Tensor) and out.numel() >= 1 and out.is_floating_point()):
+        got = f"a tensor of shape {tuple(out.shape)} and dtype {out.dtype}" if isinstance(out, torch.Tensor) \
+            else type(out).__name__
+        raise UsageError(f"model {name}: model(*example_inputs) must return the loss as a floating tensor "
+                         f"(a scalar, or one whose sum is the loss), got {got}")
+
+
 def _import(module_name: str):
     """Import a dotted module or a `.py` path; the current directory is tried
-    too, because the `shardsched` console script does not put it on sys.path."""
-    try:
-        if module_name.endswith(".py"):
-            spec = importlib.util.spec_from_file_location(os.path.basename(module_name)[:-3], module_name)
-            if spec is None or not os.path.exists(module_name):
-                raise ImportError(f"no file {module_name}")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module
-        if os.getcwd() not in sys.path:
-            sys.path.append(os.getcwd())
-        return importlib.import_module(module_name)
-    except Exception as e:  # any import-time error is the user's module, report it in one line
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UsageError(f"model: cannot import {module_name!r} ({msg}); accepted: {ACCEPTED}") from None
+    too, because the `shardsched` console script does not put it on sys.path.
+    An exception or sys.exit on import is a UsageError of one line."""
+    def load():
+        try:
+            return _load(module_name)
+        except ImportError as e:
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise UsageError(f"model: cannot import {module_name!r} ({msg}); accepted: {ACCEPTED}") from None
+    return run_user_code(f"python:{module_name}", " (on import)", load)
+
+
+def _load(module_name: str):
+    if module_name.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(os.path.basename(module_name)[:-3], module_name)
+        if spec is None or not os.path.exists(module_name):
+            raise ImportError(f"no file {module_name}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    return importlib.import_module(module_name)
 
 
 def build_gpt(config: GPTConfig, *, micro_batch: int, seq: int, seed: int = 0) -> tuple["GPT", tuple]:

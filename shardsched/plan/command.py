@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from shardsched.cost.bytes import parse_bytes
@@ -15,6 +13,9 @@ from shardsched.solve.build import make_plan, plan_from_scenario
 from shardsched.plan.schedule import scenario_for
 from shardsched.plan.units import tied_violation
 from shardsched.core.types import Optimizer, Plan, Precision
+from shardsched._flags import check_int, check_positive_float, flag, reject_empty_strings
+from shardsched._paths import atomic_write, check_writable_file
+from shardsched.plan.validate import check_plan_layers, read_plan_file
 from shardsched.models.spec import PRESETS, parse_model_spec
 from shardsched.profile.resolve import profile_for
 
@@ -22,8 +23,9 @@ from shardsched.profile.resolve import profile_for
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     a("--model", default="gpt2", help=f"preset ({', '.join(PRESETS)}), gpt:key=value,..., "
-                                      "python:module:function (imports and runs that code) or "
-                                      "hf:<config.json | model type | checkpoint name>[,key=value...] (default gpt2)")
+                                      "python:module:function or hf:<config.json | model type | checkpoint name>"
+                                      "[,key=value...] (default gpt2); python: imports that module and runs that "
+                                      "function in this process: use it only with code you trust")
     a("--world", type=int, default=8, help="data-parallel workers (default 8)")
     a("--gpus-per-node", type=int, default=None, help="workers per node; must divide --world (default min(8, world))")
     a("--device", default=None, help=f"device preset: {', '.join(DEVICES)} (default h100; cpu for python: models)")
@@ -61,35 +63,39 @@ def cluster_from_args(args: argparse.Namespace, *, python_model: bool) -> Cluste
     return Cluster(world=args.world, gpus_per_node=gpn, device=DEVICES[name])
 
 
-def read_plan(path: str) -> Plan:
-    """A plan file, or a UsageError naming what is wrong with it."""
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise UsageError(f"cannot read plan {path}: {e.strerror}") from None
-    try:
-        return Plan.from_json(text)
-    except ValueError as e:
-        raise UsageError(f"{path}: malformed plan: {e}; accepted: the JSON `shardsched plan --json` writes") from None
+read_plan = read_plan_file  # the one plan-file reader (plan/validate.py)
+write_atomic = atomic_write
 
 
-def write_atomic(path: str, text: str) -> None:
-    """Write via a temporary file and rename, so a failure never leaves half a file."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", prefix=f".{target.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, target)
+MAX_WORLD = 1 << 20
+"""Upper bound on --world (and per-node workers, micro-batch, seq): far above any
+cluster, low enough that the planner's arithmetic stays fast."""
+
+
+def check_plan_flags(args: argparse.Namespace) -> None:
+    """Everything argparse lets through that no plan can mean (one line, exit 2)."""
+    reject_empty_strings(args)
+    if args.world < 1:
+        raise UsageError(f"--world must be >= 1, got {args.world}")
+    check_int("world", args.world, lo=1, hi=MAX_WORLD)
+    check_int("gpus_per_node", args.gpus_per_node, lo=1, hi=MAX_WORLD)
+    check_int("micro_batch", args.micro_batch, lo=1, hi=MAX_WORLD)
+    check_int("seq", args.seq, lo=1, hi=MAX_WORLD)
+    check_positive_float("time_limit", args.time_limit)
+    for name in ("out", "trace"):
+        if getattr(args, name) is not None:
+            check_writable_file(getattr(args, name), flag(name))
+    if args.out and args.trace and Path(args.out).resolve() == Path(args.trace).resolve():
+        raise UsageError(f"--out and --trace name the same file {args.out}; accepted: two different paths")
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    check_plan_flags(args)
     spec = parse_model_spec(args.model)
     cluster = cluster_from_args(args, python_model=spec.config is None)
     precision = Precision(args.precision or ("fp32" if cluster.device.name == "cpu" else "bf16-mixed"))
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
     existing = read_plan(args.plan) if args.plan else None  # validate input before any work
-    if args.out and not Path(args.out).parent.exists() and str(Path(args.out).parent) not in ("", "."):
-        raise UsageError(f"--out {args.out}: directory {Path(args.out).parent} does not exist")
     profile = profile_for(spec, micro_batch=args.micro_batch, seq=args.seq, device=cluster.device,
                           precision=precision, measure=args.measure)
     if existing is not None:
@@ -136,6 +142,7 @@ def reevaluate(plan: Plan, profile, cluster: Cluster, budget: int | None) -> Pla
     bad = tied_violation([u.layers for u in plan.units], profile.tied)
     if bad:
         raise UsageError(bad)
+    check_plan_layers(plan, _layer_order(profile.layers))
     try:
         sc = scenario_for(plan, profile, cluster)
     except (ValueError, KeyError) as e:
@@ -143,6 +150,11 @@ def reevaluate(plan: Plan, profile, cluster: Cluster, budget: int | None) -> Pla
     return plan_from_scenario(sc, profile=profile, memory_budget_bytes=budget or plan.memory_budget_bytes,
                               solver=plan.solver, precision=plan.precision, optimizer=plan.optimizer,
                               notes=plan.notes)
+
+
+def _layer_order(layers) -> list[str]:
+    """Layer names depth-first (a partitioned layer, then its children): execution order."""
+    return [n for layer in layers for n in (layer.name, *_layer_order(layer.children))]
 
 
 def write_trace_for(path: str, plan: Plan, profile, cluster: Cluster) -> None:

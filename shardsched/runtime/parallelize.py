@@ -26,6 +26,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from shardsched.errors import UsageError
 from shardsched.core.types import Plan, Precision, Strategy
 from shardsched.plan.units import ROOT, tied_violation
+from shardsched.plan.validate import check_plan_layers
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.layers import tied_sets
 from shardsched.runtime.ddp import replicate_with_ddp, runs_on_ddp
@@ -46,10 +47,7 @@ def check_plan(model: nn.Module, plan: Plan, world: int) -> None:
     if plan.world != world:
         raise UsageError(f"plan was made for {plan.world} workers, this run has {world}; "
                          f"re-plan with --world {world}")
-    names = {n for n, _ in model.named_modules()}
-    missing = [layer for u in plan.units for layer in u.layers if layer not in names]
-    if missing:
-        raise UsageError(f"plan names modules this model lacks: {', '.join(missing[:3])}")
+    check_plan_layers(plan, [n for n, _ in model.named_modules()])
     bad = tied_violation([u.layers for u in plan.units], tied_sets(model))
     if bad:
         raise UsageError(bad)

@@ -24,7 +24,7 @@ DEFAULT_BENCH_STEPS = 30
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
-    a("--nproc", type=int, default=2, help="local workers to spawn (ignored under torchrun/SLURM)")
+    a("--nproc", type=int, default=None, help="local workers to spawn (default 2; under torchrun/SLURM: must match)")
     a("--steps", type=int, default=DEFAULT_BENCH_STEPS, help=f"steps per variant (default {DEFAULT_BENCH_STEPS})")
     a("--seed", type=int, default=0)
     a("--model", default="tiny", help=f"model spec: {_model_choices()} (default tiny)")

@@ -6,7 +6,9 @@ every other file with its size and sha256. A save writes into
 step_000010.tmp and is renamed only after every worker finished and rank 0
 wrote COMPLETE, so a run killed mid-save leaves a .tmp directory that resume
 never looks at. On resume, the newest checkpoint whose files verify is used;
-an interrupted or truncated one is skipped with a message naming it.
+an interrupted, truncated or forged one (a COMPLETE that lists no files or
+malformed entries, metadata naming classes DCP never writes, see `safe_dcp`) is
+skipped with a message naming it and why.
 
 DCP stores each DTensor by its global shape, so a checkpoint written by 4
 workers loads into 2 (it reshards on load).
@@ -27,7 +29,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import DeviceMesh
 
+from shardsched._json import loads_strict
 from shardsched.errors import UsageError
+from shardsched.train.safe_dcp import (METADATA_FILE, SafeFileSystemReader, SafeLoadPlanner, UnsafeCheckpoint,
+                                       read_metadata_file)
 
 MARKER = "COMPLETE"
 META = "meta.json"
@@ -92,15 +97,46 @@ def _publish(tmp: Path, final: Path) -> None:
     os.replace(tmp, final)
 
 
+def _manifest_entries(marker: Path, step: int | None) -> list[dict]:
+    """COMPLETE's file list, checked for shape; ValueError saying what is wrong."""
+    try:
+        data = json.loads(marker.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError("COMPLETE marker is unreadable") from e
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, list):
+        raise ValueError("COMPLETE marker has no file list")
+    if not files:
+        raise ValueError("COMPLETE marker lists no files")
+    if step is not None and data.get("step") != step:
+        raise ValueError(f"COMPLETE marker is for step {data.get('step')!r}, not {step}")
+    for i, e in enumerate(files):
+        ok = (isinstance(e, dict) and isinstance(e.get("file"), str) and isinstance(e.get("size"), int)
+              and isinstance(e.get("sha256"), str) and e["file"] and not Path(e["file"]).is_absolute()
+              and ".." not in Path(e["file"]).parts)
+        if not ok:
+            raise ValueError(f"COMPLETE marker entry {i} is malformed")
+    listed = {e["file"] for e in files}
+    for needed in (METADATA_FILE, META):
+        if needed not in listed:
+            raise ValueError(f"COMPLETE marker does not list {needed}")
+    return files
+
+
+def _step_of(path: Path) -> int | None:
+    m = _NAME.match(path.name)
+    return int(m.group(1)) if m else None
+
+
 def verify(path: Path) -> str | None:
-    """None when the checkpoint at path is complete and intact, else why not."""
+    """None when the checkpoint at path is complete, intact and safe to read, else why not."""
     marker = path / MARKER
     if not marker.is_file():
         return "no COMPLETE marker (interrupted save)"
     try:
-        files = json.loads(marker.read_text())["files"]
-    except (ValueError, KeyError, TypeError):
-        return "COMPLETE marker is unreadable"
+        files = _manifest_entries(marker, _step_of(path))
+    except ValueError as e:
+        return str(e)
     for entry in files:
         f = path / entry["file"]
         if not f.is_file():
@@ -109,7 +145,21 @@ def verify(path: Path) -> str | None:
             return f"{entry['file']} has {f.stat().st_size} bytes, expected {entry['size']} (truncated)"
         if _sha256(f) != entry["sha256"]:
             return f"{entry['file']} fails its checksum"
+    try:
+        read_metadata_file(path)
+        _check_meta(read_meta(path))
+    except (UnsafeCheckpoint, ValueError, OSError) as e:
+        return str(e) or type(e).__name__
     return None
+
+
+def _check_meta(meta) -> None:
+    """meta.json as save_checkpoint writes it: a step and a CPU RNG state of bytes."""
+    if not isinstance(meta, dict) or type(meta.get("step")) is not int or meta["step"] < 0:
+        raise ValueError(f"{META} has no valid step")
+    rng = meta.get("rng")
+    if not (isinstance(rng, list) and rng and all(type(b) is int and 0 <= b < 256 for b in rng)):
+        raise ValueError(f"{META} has no valid RNG state")
 
 
 def find_checkpoint(path: str | os.PathLike, *, log: Callable[[str], None] = print) -> Path:
@@ -132,7 +182,7 @@ def find_checkpoint(path: str | os.PathLike, *, log: Callable[[str], None] = pri
 
 
 def read_meta(path: Path) -> dict:
-    return json.loads((path / META).read_text())
+    return loads_strict((path / META).read_bytes())
 
 
 def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -141,7 +191,10 @@ def load_checkpoint(path: Path, *, model: torch.nn.Module, optimizer: torch.opti
     model; returns meta.json's content (step, rng, ...)."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path), process_group=mesh.get_group())
+    # Our reader and planner: nothing in the directory is unpickled beyond DCP's own
+    # metadata classes and plain data (see safe_dcp).
+    dcp.load(state, checkpoint_id=str(path), process_group=mesh.get_group(),
+             storage_reader=SafeFileSystemReader(path), planner=SafeLoadPlanner())
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     meta = read_meta(path)
     torch.set_rng_state(torch.tensor(meta["rng"], dtype=torch.uint8))

@@ -3,15 +3,17 @@
 `launch(fn, nproc=..., args=...)` runs `fn(ctx, *args)` on every worker, where
 `ctx` is a `WorkerContext` holding the rank, world and a 1-D DeviceMesh.
 
-- Under torchrun (RANK / WORLD_SIZE / LOCAL_RANK) or SLURM (SLURM_PROCID /
-  SLURM_NTASKS / SLURM_LOCALID plus MASTER_ADDR) this process is one worker: it
-  joins the existing group and runs `fn` itself.
-- Otherwise it spawns `nproc` local workers on 127.0.0.1 and a free port.
+- Under torchrun (RANK / WORLD_SIZE / LOCAL_RANK) or inside a SLURM job step
+  (SLURM_PROCID / SLURM_NTASKS / SLURM_STEP_ID, see [Note: SLURM without
+  MASTER_ADDR]) this process is one worker: it joins the existing group and
+  runs `fn` itself; an --nproc that disagrees is refused (`check_nproc`).
+- Otherwise it spawns `nproc` local workers; their store listens on 127.0.0.1 only.
 
 gloo on CPU, NCCL (device cuda:LOCAL_RANK) when CUDA is present. A worker that
-fails stops the whole run: the parent terminates the others and raises
-`WorkerFailed` naming the rank; the process group's timeout bounds any wait
-for a peer that is gone, so nothing hangs.
+fails stops the whole run: the parent (`supervise`) terminates the others and
+raises `WorkerFailed` naming the rank; the process group's timeout bounds any
+wait for a peer that is gone, so nothing hangs. SIGINT/SIGTERM stop all
+workers at one step boundary (`interrupt`).
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ import datetime
 import gc
 import logging
 import os
+import re
 import socket
+import sys
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -30,17 +34,11 @@ import torch.multiprocessing as mp
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from shardsched.errors import UsageError
+from shardsched.train.interrupt import Interrupted, install_handlers
+from shardsched.train.supervise import WorkerFailed, supervise  # noqa: F401 (callers catch WorkerFailed)
 
 DEFAULT_TIMEOUT_SECONDS = 180.0
 """Collective timeout: a peer that died mid-step ends the wait after this long."""
-
-
-class WorkerFailed(RuntimeError):
-    """A worker raised or was killed; the message names its rank."""
-
-    def __init__(self, rank: int, message: str):
-        super().__init__(message)
-        self.rank = rank
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +67,10 @@ class Rendezvous:
     """Number of workers."""
     local_rank: int
     """Rank within the node."""
+    local_world: int = 1
+    """Workers on this node (gpus_per_node of the plan this run makes)."""
+    launcher: str = "local"
+    """Who started the workers: "local" (spawned here), "torchrun" or "SLURM"."""
     addr: str
     """MASTER_ADDR of the TCP store."""
     port: int
@@ -76,18 +78,97 @@ class Rendezvous:
 
 
 def external_rendezvous(env: dict[str, str] | None = None) -> Rendezvous | None:
-    """The rendezvous set up by torchrun or SLURM, or None when run stand-alone."""
+    """The rendezvous set up by torchrun or a SLURM job step, or None when run
+    stand-alone (and in an sbatch script outside `srun`: a single process).
+
+    [Note: SLURM without MASTER_ADDR] SLURM never sets MASTER_ADDR. Inside a
+    step (SLURM_STEP_ID set by srun) every task is one worker: the store runs on
+    the step's first host (SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST, expanded
+    here) on a port derived from the job and step ids, so tasks of one step meet
+    and two steps or jobs on one node do not. A step never spawns local workers."""
     env = os.environ if env is None else env
-    port = int(env.get("MASTER_PORT", "29500"))
     if "RANK" in env and "WORLD_SIZE" in env:
-        return Rendezvous(rank=int(env["RANK"]), world=int(env["WORLD_SIZE"]),
-                          local_rank=int(env.get("LOCAL_RANK", "0")),
-                          addr=env.get("MASTER_ADDR", "127.0.0.1"), port=port)
-    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "MASTER_ADDR" in env:
-        return Rendezvous(rank=int(env["SLURM_PROCID"]), world=int(env["SLURM_NTASKS"]),
-                          local_rank=int(env.get("SLURM_LOCALID", "0")),
-                          addr=env["MASTER_ADDR"], port=port)
+        world = _env_int(env, "WORLD_SIZE", lo=1)
+        return Rendezvous(rank=_env_int(env, "RANK", lo=0, hi=world - 1), world=world,
+                          local_rank=_env_int(env, "LOCAL_RANK", 0, lo=0),
+                          local_world=_env_int(env, "LOCAL_WORLD_SIZE", world, lo=1),
+                          addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                          port=_env_int(env, "MASTER_PORT", 29500, lo=1, hi=65535), launcher="torchrun")
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and ("SLURM_STEP_ID" in env or "MASTER_ADDR" in env):
+        world = _env_int(env, "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS", lo=1)
+        nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
+        per_node = env.get("SLURM_NTASKS_PER_NODE") or env.get("SLURM_STEP_TASKS_PER_NODE") \
+            or env.get("SLURM_TASKS_PER_NODE") or str(world)
+        return Rendezvous(rank=_env_int(env, "SLURM_PROCID", lo=0, hi=world - 1), world=world,
+                          local_rank=_env_int(env, "SLURM_LOCALID", 0, lo=0),
+                          local_world=_first_count(per_node, world),
+                          addr=env.get("MASTER_ADDR") or first_host(nodes),
+                          port=_env_int(env, "MASTER_PORT", slurm_port(env), lo=1, hi=65535), launcher="SLURM")
     return None
+
+
+def _env_int(env, key: str, default: int | None = None, *, lo: int, hi: int | None = None) -> int:
+    raw = env.get(key)
+    if raw is None and default is not None:
+        return default
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise UsageError(f"environment variable {key}={raw!r} is not an integer (set by torchrun or SLURM)") from None
+    if value < lo or (hi is not None and value > hi):
+        raise UsageError(f"environment variable {key}={value} is out of range ({lo}..{hi})")
+    return value
+
+
+def _first_count(tasks_per_node: str, default: int) -> int:
+    """'2(x3),1' -> 2: SLURM's tasks-per-node list, first node's count."""
+    m = re.match(r"\s*(\d+)", tasks_per_node)
+    return int(m.group(1)) if m and int(m.group(1)) > 0 else default
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM node list: 'node[01-03,07],gpu5' -> 'node01',
+    'rack[1-2]-n[3-4]' -> 'rack1-n3' (as `scontrol show hostnames` would list first)."""
+    first, depth = "", 0
+    for ch in nodelist.strip():  # the first comma-separated entry outside brackets
+        if ch == "," and depth == 0:
+            break
+        depth += (ch == "[") - (ch == "]")
+        first += ch
+    # each bracket group: its first item, and of a range its lower end (keeping zero padding)
+    host = re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split(",")[0].split("-")[0], first)
+    if not host:
+        raise UsageError(f"cannot read the first host of SLURM_JOB_NODELIST={nodelist!r}")
+    return host
+
+
+def slurm_port(env) -> int:
+    """A port the tasks of one step agree on without talking: from the job and step ids,
+    in 20000..39999 (below Linux's ephemeral range 32768.. only partly; collisions
+    need two steps whose ids agree modulo 20000 on one node)."""
+    job = _env_int(env, "SLURM_JOB_ID", 0, lo=0)
+    step = _env_int(env, "SLURM_STEP_ID", 0, lo=0) if str(env.get("SLURM_STEP_ID", "0")).isdigit() else 0
+    return 20000 + (job * 31 + step) % 20000
+
+
+def check_nproc(nproc: int | None) -> int:
+    """Workers of this run: the launcher's world under torchrun/SLURM (an
+    --nproc that disagrees is an error, never silently ignored), else --nproc (default 2)."""
+    rdzv = external_rendezvous()
+    if rdzv is None:
+        return 2 if nproc is None else nproc
+    if nproc is not None and nproc != rdzv.world:
+        raise UsageError(f"--nproc {nproc} disagrees with {rdzv.launcher}, which started {rdzv.world} workers; "
+                         f"leave --nproc out under {rdzv.launcher} or start {nproc} tasks")
+    return rdzv.world
+
+
+def local_world_size(world: int) -> int:
+    """Workers per node of the running group (the LOCAL_WORLD_SIZE each worker gets)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    except ValueError:
+        return world
 
 
 def free_port() -> int:
@@ -99,39 +180,37 @@ def free_port() -> int:
 
 def launch(fn: Callable[..., Any], *, nproc: int, args: tuple = (),
            timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS) -> None:
-    """Run fn(ctx, *args) on every worker; raise WorkerFailed if any worker fails."""
+    """Run fn(ctx, *args) on every worker. Raises WorkerFailed if a worker fails,
+    `Interrupted` if the run was stopped by SIGINT/SIGTERM, UsageError for bad
+    input found inside a worker."""
     rdzv = external_rendezvous()
     if rdzv is not None:
+        install_handlers()
         _worker_main(rdzv.local_rank, fn, args, rdzv, timeout_seconds)
         return
-    rdzv = Rendezvous(rank=0, world=nproc, local_rank=0, addr="127.0.0.1", port=free_port())
+    rdzv = Rendezvous(rank=0, world=nproc, local_rank=0, local_world=nproc, addr="127.0.0.1", port=free_port())
     # torch logs one warning per worker it terminates; our own message names the culprit.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    state = mp.get_context("spawn").Array("q", 2 * nproc, lock=False)  # per worker: finished?, steps at stop
+    pc = mp.start_processes(_spawned_main, args=(fn, args, rdzv, timeout_seconds, state),
+                            nprocs=nproc, join=False, start_method="spawn")
+    supervise(pc, state)
+
+
+def _spawned_main(local_index: int, fn, args: tuple, rdzv: Rendezvous, timeout_seconds: float, state) -> None:
+    """A locally spawned worker: records a clean finish, exits 128+signal when stopped."""
+    install_handlers()
     try:
-        # join=True: the first worker to exit non-zero makes spawn terminate the rest.
-        mp.start_processes(_worker_main, args=(fn, args, rdzv, timeout_seconds),
-                           nprocs=nproc, join=True, start_method="spawn")
-    except mp.ProcessExitedException as e:
-        raise WorkerFailed(e.error_index, _exit_message(e.error_index, e.exit_code, e.signal_name)) from None
-    except mp.ProcessRaisedException as e:
-        last = _last_line(str(e))
-        if last.startswith(_USAGE_PREFIX):
-            raise UsageError(last[len(_USAGE_PREFIX):]) from None  # bad input found inside a worker
-        raise WorkerFailed(e.error_index, f"worker {e.error_index} failed: {last}") from None
-
-
-_USAGE_PREFIX = f"{UsageError.__module__}.{UsageError.__qualname__}: "
-
-
-def _exit_message(rank: int, code: int | None, signal_name: str | None) -> str:
-    if signal_name:
-        return f"worker {rank} was killed by {signal_name}"
-    return f"worker {rank} exited with status {code}"
-
-
-def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else "unknown error"
+        _worker_main(local_index, fn, args, rdzv, timeout_seconds)
+    except Interrupted as e:
+        state[2 * local_index + 1] = e.step or 0
+        # The group is torn down and the checkpoint written: leave now. Interpreter
+        # finalisation with torch loaded takes seconds on a busy machine (measured
+        # 3-9 s at load 11 on 2 cores), and a stop must be prompt.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(e.exit_code)
+    state[2 * local_index] = 1
 
 
 def _device_and_backend(local_rank: int) -> tuple[torch.device, str]:
@@ -150,11 +229,14 @@ def _worker_main(local_index: int, fn: Callable[..., Any], args: tuple, rdzv: Re
     spawned = external_rendezvous() is None
     rank = local_index if spawned else rdzv.rank
     local_rank = local_index if spawned else rdzv.local_rank
-    os.environ.update(MASTER_ADDR=rdzv.addr, MASTER_PORT=str(rdzv.port),
-                      RANK=str(rank), WORLD_SIZE=str(rdzv.world), LOCAL_RANK=str(local_rank))
+    os.environ.update(MASTER_ADDR=rdzv.addr, MASTER_PORT=str(rdzv.port), RANK=str(rank),
+                      WORLD_SIZE=str(rdzv.world), LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(rdzv.local_world))
+    if spawned:  # all workers are on this machine: gloo's sockets on loopback too
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     device, backend = _device_and_backend(local_rank)
-    dist.init_process_group(backend, rank=rank, world_size=rdzv.world,
-                            timeout=datetime.timedelta(seconds=timeout_seconds),
+    timeout = datetime.timedelta(seconds=timeout_seconds)
+    dist.init_process_group(backend, rank=rank, world_size=rdzv.world, timeout=timeout,
+                            store=_store(rdzv, rank=rank, timeout=timeout, local=spawned),
                             device_id=device if device.type == "cuda" else None)
     try:
         mesh = init_device_mesh(device.type, (rdzv.world,))
@@ -169,6 +251,15 @@ def _worker_main(local_index: int, fn: Callable[..., Any], args: tuple, rdzv: Re
         # an active exception", about one run in ten before this).
         del ctx, mesh
         gc.collect()
+    except Interrupted as e:
+        # As above: free what the stopped run holds (its frames, reachable from
+        # the traceback) while the group exists; left to interpreter exit, the
+        # teardown took ~9 s per worker.
+        traceback.clear_frames(e.__traceback__)
+        e.__traceback__ = None
+        ctx = mesh = None  # noqa: F841
+        gc.collect()
+        raise e from None
     except Exception:
         # The parent reports the rank and the error's last line; the full
         # traceback only when asked, so a user sees one clean line.
@@ -177,6 +268,24 @@ def _worker_main(local_index: int, fn: Callable[..., Any], args: tuple, rdzv: Re
         raise
     finally:
         _destroy()
+
+
+def _store(rdzv: Rendezvous, *, rank: int, timeout: datetime.timedelta, local: bool) -> dist.TCPStore | None:
+    """The rendezvous store of local workers: rank 0 listens on 127.0.0.1 only
+    (TCPStore would otherwise listen on every interface), binding the socket
+    itself and handing it over (`master_listen_fd`). Under torchrun/SLURM: None,
+    so init_process_group uses env:// (torchrun's agent store, or MASTER_ADDR)."""
+    if not local:
+        return None
+    if rank == 0:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", rdzv.port))
+        sock.listen(max(128, rdzv.world))
+        store = dist.TCPStore("127.0.0.1", rdzv.port, rdzv.world, True, timeout,
+                              master_listen_fd=sock.detach())
+        return store
+    return dist.TCPStore(rdzv.addr, rdzv.port, rdzv.world, rank == 0, timeout)
 
 
 def _destroy() -> None:

@@ -7,15 +7,12 @@ is one line on stderr and exit status 2 instead of a worker's traceback.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
-import sys
 import time
-from pathlib import Path
 
 from shardsched.cost.bytes import parse_bytes
 from shardsched.errors import UsageError
 from shardsched.train.config import TrainConfig
+from shardsched.train.validate import check_train_args, read_saved_config, validate  # noqa: F401 (bench)
 
 DEFAULT_STEPS = 500
 """About a minute for the tiny model with 2 workers on 2 CPU cores (measured ~0.09 s/step: 500 steps ~ 45 s plus ~10 s start-up and profiling)."""
@@ -28,8 +25,8 @@ def _model_choices() -> str:
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `shardsched train`. Defaults are None where --resume takes the saved value."""
     a = parser.add_argument
-    a("--nproc", type=int, default=None,
-      help="local workers to spawn (default 2; with --resume: the saved run's; ignored under torchrun/SLURM)")
+    a("--nproc", type=int, default=None, help="local workers to spawn (default 2; with --resume: the saved run's); "
+                                             "under torchrun/SLURM the launcher's tasks are the workers and --nproc must match them")
     a("--steps", type=int, default=None, help=f"total optimizer steps (default {DEFAULT_STEPS})")
     a("--seed", type=int, default=None, help="seed for initialisation and batches (default 0)")
     a("--model", default=None, help=f"model spec: {_model_choices()}; python:module:function returning "
@@ -65,20 +62,10 @@ _DEFAULTS = {"steps": DEFAULT_STEPS, "seed": 0, "model": "tiny", "batch": 8, "se
              "eval_every": 100, "checkpoint_every": 0, "precision": "fp32"}
 
 
-def _saved_config(resume: str | None) -> dict:
-    if not resume:
-        return {}
-    from shardsched.train.resume import run_dir_of
-    path = run_dir_of(resume)
-    try:
-        return json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}  # a checkpoint copied without its run directory: flags and defaults apply
-
-
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """TrainConfig from flags, the resumed run's config.json, then defaults."""
-    saved = _saved_config(args.resume)
+    check_train_args(args)
+    saved = read_saved_config(args.resume, model=args.model)
     values = {}
     for key in _FROM_SAVED:
         given = getattr(args, key, None)
@@ -92,59 +79,17 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                        log_every=getattr(args, "log_every", 0))
 
 
-def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
-    """Check everything checkable before workers start; returns cfg with the
-    checkpoint to resume from resolved (messages about skipped ones printed here)."""
-    from shardsched.plan.spec import parse_strategy_spec
-    from shardsched.train import checkpoint as ckpt
-    from shardsched.train.planning import load_plan, run_device
-    from shardsched.train.task import check_task
-    for name in ("steps", "seq"):
-        if getattr(cfg, name) < 1:
-            raise UsageError(f"--{name} must be at least 1, got {getattr(cfg, name)}")
-    for name in ("checkpoint_every", "eval_every"):
-        if getattr(cfg, name) < 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(cfg, name)}")
-    if cfg.lr <= 0:
-        raise UsageError(f"--lr must be positive, got {cfg.lr}")
-    if cfg.plan is None:
-        parse_strategy_spec(cfg.strategy or "auto")
-    run_device(cfg)  # a bad --cluster file is one line here
-    built, task = check_task(cfg, world=world)  # the model builds and its loss is a scalar
-    if cfg.plan:
-        load_plan(cfg.plan, model=built.model, world=world)
-    if cfg.resume:
-        found = ckpt.find_checkpoint(cfg.resume, log=lambda m: print(m, file=sys.stderr))
-        cfg = dataclasses.replace(cfg, resume=str(found))
-    _check_run_dir_is_free(cfg)
-    for note in task.notes:  # only once the input is good: an error stays one line
-        print(f"note: {note}", file=sys.stderr)
-    return cfg
-
-
-def _check_run_dir_is_free(cfg: TrainConfig) -> None:
-    """A new run must not mix its checkpoints with another run's: a good old
-    checkpoint is never overwritten, so the new one would silently be lost."""
-    from shardsched.train.checkpoint import checkpoint_dir
-    existing = sorted(checkpoint_dir(cfg.run_dir).glob("step_*")) if checkpoint_dir(cfg.run_dir).is_dir() else []
-    resumed_here = cfg.resume and Path(cfg.resume).resolve().parent.parent == Path(cfg.run_dir).resolve()
-    if existing and not resumed_here:
-        raise UsageError(f"{cfg.run_dir} already holds checkpoints of another run; "
-                         f"continue it with --resume {cfg.run_dir} or pick another --run-dir")
-
-
 def world_size(nproc: int) -> int:
     """Workers of this run: the launcher's world under torchrun/SLURM, else --nproc."""
-    from shardsched.train.launcher import external_rendezvous
-    if nproc < 1:
+    from shardsched.train.launcher import check_nproc
+    if nproc is not None and nproc < 1:
         raise UsageError(f"--nproc must be at least 1, got {nproc}")
-    rdzv = external_rendezvous()
-    return rdzv.world if rdzv else nproc
+    return check_nproc(nproc)
 
 
 def _train_worker(ctx, cfg: TrainConfig) -> None:
     from shardsched.train.trainer import train
-    train(cfg, mesh=ctx.mesh, rank=ctx.rank, device=ctx.device)
+    train(cfg, mesh=ctx.mesh, rank=ctx.rank, device=ctx.device)  # rank 0 also writes RUN_DIR/train.log
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -153,7 +98,10 @@ def run_train(args: argparse.Namespace) -> int:
     from shardsched.gossip.train import run_gossip_train, wants_gossip
     if wants_gossip(args):
         return run_gossip_train(args)
+    from shardsched.train.console import report
+    from shardsched.train.interrupt import Interrupted
     from shardsched.train.launcher import WorkerFailed, external_rendezvous, launch
+    from shardsched.train.lock import run_dir_lock
     from shardsched.train.hostmem import check_local_workers
     from shardsched.train.resume import reuse_saved_run
     rdzv = external_rendezvous()
@@ -165,10 +113,16 @@ def run_train(args: argparse.Namespace) -> int:
     if reused and not cfg.quiet and _is_first_process():
         print(reused, flush=True)
     try:
-        launch(_train_worker, nproc=world, args=(cfg,))
+        with run_dir_lock(cfg.run_dir, enabled=_is_first_process()):
+            launch(_train_worker, nproc=world, args=(cfg,))
     except WorkerFailed as e:
-        print(f"shardsched train: {e}", file=sys.stderr)
+        report(cfg.run_dir, f"shardsched train: {e}")
         return 1
+    except Interrupted as e:
+        if _is_first_process():
+            report(cfg.run_dir, f"shardsched train: {e}" + (f" after step {e.step}" if e.step else "")
+                   + (f"; resume with --resume {cfg.run_dir}" if cfg.checkpoint_every else ""))
+        return e.exit_code
     if _is_first_process():
         from shardsched.report.run import write_report
         png = write_report(cfg.run_dir)

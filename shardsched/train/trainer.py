@@ -29,6 +29,7 @@ from shardsched._fmt import fmt_bytes
 from shardsched.errors import UsageError
 from shardsched.core.types import Plan
 from shardsched.train import checkpoint as ckpt
+from shardsched.train import interrupt
 from shardsched.train.config import TrainConfig
 from shardsched.train.task import Task, build, check_loss, make_task, to_device
 from shardsched.train.planning import obtain_plan, share_from_rank0
@@ -99,13 +100,15 @@ def _mean_over_workers(value: torch.Tensor, mesh: DeviceMesh) -> float:
 
 def _maybe_fail(rank: int, step: int) -> None:
     """Test hook: SHARDSCHED_TEST_FAIL_RANK / _STEP make one worker die mid-run
-    (SHARDSCHED_TEST_FAIL_MODE=kill: by SIGKILL, else by an exception)."""
+    (SHARDSCHED_TEST_FAIL_MODE=kill: by SIGKILL, exit0: exit status 0, else by an exception)."""
     if os.environ.get("SHARDSCHED_TEST_FAIL_RANK") != str(rank):
         return
     if os.environ.get("SHARDSCHED_TEST_FAIL_STEP", "1") != str(step):
         return
     if os.environ.get("SHARDSCHED_TEST_FAIL_MODE") == "kill":
         os.kill(os.getpid(), 9)
+    if os.environ.get("SHARDSCHED_TEST_FAIL_MODE") == "exit0":  # leaves quietly, as if done
+        os._exit(0)
     raise RuntimeError(f"test failure injected at step {step}")
 
 
@@ -170,13 +173,23 @@ def _run_steps(run: _Run, steps: range, *, progress: Progress) -> None:
         run.losses.append(loss)
         run.step_seconds.append(seconds)
         _record(run, step, loss, seconds, val)
-        if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
-            ckpt.save_checkpoint(cfg.run_dir, step=step + 1, model=run.model, optimizer=run.opt,
-                                 mesh=run.mesh, rank=run.rank,
-                                 meta={"data_position": step + 1, "world": run.mesh.size(),
-                                       "config": dataclasses.asdict(cfg)})
+        saved = cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0
+        if saved:
+            _save(run, step + 1)
         progress.update(step + 1, loss=loss, tokens_per_s=run.task.tokens_per_step / seconds,
                         step_seconds=seconds, val_loss=val)
+        signum = interrupt.agreed_signal(run.mesh)  # every worker stops after the same step
+        if signum:
+            if cfg.checkpoint_every and not saved:
+                _save(run, step + 1)  # the final checkpoint: the last one is older than this step
+            raise interrupt.Interrupted(signum, step + 1)
+
+
+def _save(run: _Run, step: int) -> None:
+    ckpt.save_checkpoint(run.cfg.run_dir, step=step, model=run.model, optimizer=run.opt,
+                         mesh=run.mesh, rank=run.rank,
+                         meta={"data_position": step, "world": run.mesh.size(),
+                               "config": dataclasses.asdict(run.cfg)})
 
 
 def _measure_cpu_peak(run: _Run) -> int | None:
@@ -263,8 +276,6 @@ def _setup(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.devic
     task = make_task(cfg, built, world=mesh.size())
     model = built.model
     plan = plan or obtain_plan(cfg, built, mesh=mesh, rank=rank)
-    if rank == 0:
-        _write_run_files(cfg, plan, task)
     model.to(device)
     parallelize(model, plan, mesh=mesh)
     # The optimizer sees the sharded parameters (DTensors), so its state is sharded too.
@@ -286,7 +297,8 @@ def _train(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.devic
            log) -> TrainResult:
     run = _setup(cfg, mesh=mesh, rank=rank, device=device, plan=plan)
     start = _resume(run) if cfg.resume else 0
-    if rank == 0:
+    if rank == 0:  # only now: a failed start or resume changes nothing in the run directory
+        _write_run_files(cfg, run.plan, run.task)
         _prepare_metrics(cfg, start)
     measure = cfg.measure_memory and run.device.type == "cpu"
     cpu_peak = _measure_cpu_peak_or_warn(run) if measure else None

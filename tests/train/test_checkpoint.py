@@ -1,7 +1,9 @@
 """Choosing the checkpoint to resume from: complete, verified, newest."""
 import json
+import pickle
 
 import pytest
+from torch.distributed.checkpoint.metadata import Metadata
 
 from shardsched.errors import UsageError
 from shardsched.train import checkpoint as ckpt
@@ -12,8 +14,8 @@ def fake(run_dir, step: int, *, marker: bool = True):
     d = ckpt.checkpoint_dir(run_dir) / f"step_{step:06d}"
     d.mkdir(parents=True)
     (d / "__0_0.distcp").write_bytes(bytes(range(256)) * (step + 1))
-    (d / ".metadata").write_bytes(b"meta" * step)
-    (d / "meta.json").write_text(json.dumps({"step": step}))
+    (d / ".metadata").write_bytes(pickle.dumps(Metadata(state_dict_metadata={})))
+    (d / "meta.json").write_text(json.dumps({"step": step, "rng": [step % 256] * 8}))
     if marker:
         (d / ckpt.MARKER).write_text(json.dumps({"step": step, "files": ckpt._manifest(d)}))
     return d

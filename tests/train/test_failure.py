@@ -16,13 +16,15 @@ def test_worker_death_stops_the_run(mode, message, tmp_path, monkeypatch, capsys
     monkeypatch.setenv("SHARDSCHED_TEST_FAIL_RANK", "1")
     monkeypatch.setenv("SHARDSCHED_TEST_FAIL_STEP", "2")
     monkeypatch.setenv("SHARDSCHED_TEST_FAIL_MODE", mode)
-    t0 = time.monotonic()
     rc = main(["train", "--nproc", "2", "--steps", "50", "--model", TINY, "--seq", "16",
                "--run-dir", str(tmp_path), "--quiet"])
-    elapsed = time.monotonic() - t0
+    # From the last step written (just before the death at step 2) to the parent's return:
+    # far below the 180 s collective timeout, the parent stopped the others (start-up excluded:
+    # it depends on the machine's load, not on failure handling).
+    elapsed = time.time() - (tmp_path / "metrics.jsonl").stat().st_mtime
     err = capsys.readouterr().err
     assert rc == 1
     assert message in err and "Traceback" not in err
-    assert elapsed < 60  # far below the 180 s collective timeout: the parent stopped the others
+    assert elapsed < 5, elapsed
     steps = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(steps) == 1  # step 1 finished, step 2 never did

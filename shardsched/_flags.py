@@ -1,0 +1,45 @@
+"""Checks shared by every command's flags: one line, exit 2, before any work.
+
+argparse checks types; these check what argparse lets through: empty strings
+(never "use the default"), NaN and infinities, and numbers outside the range a
+run can mean.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+from shardsched.errors import UsageError
+
+MAX_SEED = 2**63 - 1
+"""torch.manual_seed takes seeds in 0..2**64-1; we keep to int64 so a seed round-trips through JSON
+readers of every language."""
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def reject_empty_strings(args: argparse.Namespace) -> None:
+    """`--data ''` is an error, not the default: the user typed something."""
+    for name, value in vars(args).items():
+        if isinstance(value, str) and not value.strip() and name not in ("command",):
+            raise UsageError(f"{flag(name)} is empty; give a value or leave the flag out for the default")
+
+
+def check_int(name: str, value: int | None, *, lo: int, hi: int | None = None) -> None:
+    """lo <= value <= hi (None: not given, nothing to check)."""
+    if value is None:
+        return
+    if value < lo or (hi is not None and value > hi):
+        bound = f"at least {lo}" if value < lo else f"at most {hi}"
+        raise UsageError(f"{flag(name)} must be {bound}, got {value}")
+
+
+def check_positive_float(name: str, value: float | None, *, hi: float | None = None) -> None:
+    """A finite number > 0 (and <= hi); NaN and infinities are refused."""
+    if value is None:
+        return
+    if not math.isfinite(value) or value <= 0 or (hi is not None and value > hi):
+        limit = f" and at most {hi:g}" if hi is not None else ""
+        raise UsageError(f"{flag(name)} must be a finite number above 0{limit}, got {value}")

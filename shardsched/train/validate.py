@@ -1,0 +1,129 @@
+"""Everything `shardsched train` can check before a worker starts or a file is written.
+
+Flags (argparse lets through empty strings, NaN, 0 workers per node, ...), the
+saved config of a resumed run, the merged TrainConfig (types and ranges, since
+config.json is a file anybody may have edited), the data, the plan, the
+checkpoint to resume and the run directory. Every problem is one UsageError
+line; nothing here writes.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+from shardsched._flags import MAX_SEED, check_int, check_positive_float, flag, reject_empty_strings
+from shardsched._json import loads_strict
+from shardsched._paths import check_run_dir
+from shardsched.errors import UsageError
+from shardsched.train.config import TrainConfig
+
+MAX_STEPS = 10**9
+MAX_SIZE = 1 << 20
+"""Upper bound on --batch, --seq and --nproc: far above what one run can hold."""
+MAX_LR = 1e3
+_CONFIG_TYPES = {"steps": int, "seed": int, "model": str, "data": (str, type(None)), "batch": int, "seq": int,
+                 "lr": (int, float), "eval_every": int, "checkpoint_every": int, "precision": str}
+_PRECISIONS = ("fp32", "bf16-mixed")
+
+
+def check_train_args(args: argparse.Namespace) -> None:
+    """The flags as typed (before saved values and defaults fill the gaps)."""
+    reject_empty_strings(args)
+    check_int("nproc", getattr(args, "nproc", None), lo=1, hi=MAX_SIZE)
+    if getattr(args, "run_dir", None) is not None:
+        check_run_dir(args.run_dir)
+    if getattr(args, "resume", None) is not None and not Path(args.resume).is_dir():
+        raise UsageError(f"--resume {args.resume}: no such directory; accepted: a run directory "
+                         f"or one of its checkpoints/step_NNNNNN")
+
+
+def run_dir_of(resume: str) -> Path:
+    """The run directory of --resume (a run directory, or a checkpoint in one)."""
+    path = Path(resume)
+    return path.parent.parent if path.parent.name == "checkpoints" else path
+
+
+def read_saved_config(resume: str | None, *, model: str | None) -> dict:
+    """config.json of the run to resume: an error when missing, unreadable or
+    malformed (never a silent fall-back to defaults). Its `python:` model spec is
+    used only if --model names the same spec again: a run directory must never
+    make us import code (see models/spec.py, [Note: python: runs the user's code])."""
+    if not resume:
+        return {}
+    path = run_dir_of(resume) / "config.json"
+    if not os.path.lexists(path):
+        return {}  # a checkpoint copied without its run directory: flags and defaults apply
+    try:
+        saved = loads_strict(path.read_bytes())
+    except OSError as e:
+        raise UsageError(f"--resume {resume}: cannot read {path} ({e.strerror}); "
+                         f"accepted: a run directory written by `shardsched train`") from None
+    except ValueError as e:
+        raise UsageError(f"--resume {resume}: {path} is {e}; accepted: the config.json `shardsched train` writes") \
+            from None
+    if not isinstance(saved, dict):
+        raise UsageError(f"--resume {resume}: {path} is not a JSON object; accepted: the config.json "
+                         f"`shardsched train` writes")
+    for key, types in _CONFIG_TYPES.items():
+        if key in saved and (not isinstance(saved[key], types) or isinstance(saved[key], bool)):
+            raise UsageError(f"--resume {resume}: {path} has {key}={saved[key]!r:.40}, of the wrong type")
+    spec = saved.get("model")
+    if isinstance(spec, str) and spec.startswith("python:") and model != spec:
+        raise UsageError(f"--resume {resume}: the run used --model {spec}, which imports and runs code; give "
+                         f"--model {spec} again to run it")
+    return saved
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """Types and ranges of the merged config (flags, saved config.json, defaults)."""
+    for name, types in _CONFIG_TYPES.items():
+        value = getattr(cfg, name)
+        if not isinstance(value, types) or isinstance(value, bool):
+            raise UsageError(f"{flag(name)} has the wrong type ({type(value).__name__})")
+    check_int("steps", cfg.steps, lo=1, hi=MAX_STEPS)
+    check_int("seed", cfg.seed, lo=0, hi=MAX_SEED)
+    check_int("batch", cfg.batch, lo=1, hi=MAX_SIZE)
+    check_int("seq", cfg.seq, lo=1, hi=MAX_SIZE)
+    check_int("checkpoint_every", cfg.checkpoint_every, lo=0, hi=MAX_STEPS)
+    check_int("eval_every", cfg.eval_every, lo=0, hi=MAX_STEPS)
+    check_positive_float("lr", cfg.lr, hi=MAX_LR)
+    if cfg.precision not in _PRECISIONS:
+        raise UsageError(f"--precision {cfg.precision!r}: accepted {', '.join(_PRECISIONS)}")
+
+
+def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
+    """Check everything checkable before workers start; returns cfg with the
+    checkpoint to resume from resolved (messages about skipped ones printed here)."""
+    from shardsched.plan.spec import parse_strategy_spec
+    from shardsched.train import checkpoint as ckpt
+    from shardsched.train.planning import load_plan, run_device
+    from shardsched.train.task import check_task
+    check_config(cfg)
+    check_run_dir(cfg.run_dir)
+    if cfg.plan is None:
+        parse_strategy_spec(cfg.strategy or "auto")
+    run_device(cfg)  # a bad --cluster file is one line here
+    built, task = check_task(cfg, world=world)  # the model builds, its data loads, its loss is a scalar
+    if cfg.plan:
+        load_plan(cfg.plan, model=built.model, world=world)
+    if cfg.resume:
+        found = ckpt.find_checkpoint(cfg.resume, log=lambda m: print(m, file=sys.stderr))
+        cfg = dataclasses.replace(cfg, resume=str(found))
+    check_run_dir_is_free(cfg)
+    for note in task.notes:  # only once the input is good: an error stays one line
+        print(f"note: {note}", file=sys.stderr)
+    return cfg
+
+
+def check_run_dir_is_free(cfg: TrainConfig) -> None:
+    """A new run must not mix its checkpoints with another run's: a good old
+    checkpoint is never overwritten, so the new one would silently be lost."""
+    from shardsched.train.checkpoint import checkpoint_dir
+    existing = sorted(checkpoint_dir(cfg.run_dir).glob("step_*")) if checkpoint_dir(cfg.run_dir).is_dir() else []
+    resumed_here = cfg.resume and Path(cfg.resume).resolve().parent.parent == Path(cfg.run_dir).resolve()
+    if existing and not resumed_here:
+        raise UsageError(f"{cfg.run_dir} already holds checkpoints of another run; "
+                         f"continue it with --resume {cfg.run_dir} or pick another --run-dir")
