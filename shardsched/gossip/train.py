@@ -52,8 +52,10 @@ class GossipTrainConfig:
 
 def wants_gossip(args: argparse.Namespace) -> bool:
     """--sync given, or --resume of a run that was a gossip run."""
-    from shardsched.train.main import _saved_config
-    return bool(getattr(args, "sync", None)) or "gossip" in _saved_config(getattr(args, "resume", None))
+    from shardsched.train.validate import read_saved_config
+    if getattr(args, "sync", None):
+        return True
+    return "gossip" in read_saved_config(getattr(args, "resume", None), model=getattr(args, "model", None))
 
 
 def _refuse_sharding(args: argparse.Namespace, world: int) -> None:
@@ -72,8 +74,9 @@ def _refuse_sharding(args: argparse.Namespace, world: int) -> None:
 
 
 def gossip_config_from_args(args: argparse.Namespace, world: int) -> GossipTrainConfig:
-    from shardsched.train.main import _saved_config, config_from_args
-    saved = _saved_config(args.resume).get("gossip", {})
+    from shardsched.train.main import config_from_args
+    from shardsched.train.validate import read_saved_config
+    saved = read_saved_config(args.resume, model=args.model).get("gossip", {})
     pick = lambda name, default: getattr(args, name) if getattr(args, name) is not None else saved.get(name, default)
     gossip = GossipConfig(sync=parse_sync(pick("sync", "sgp")), segments=parse_segments(pick("segments", 1)),
                           groups=pick("groups", 0), topology=Topology(pick("topology", "ring")),

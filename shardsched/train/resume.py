@@ -13,14 +13,10 @@ import argparse
 import json
 from pathlib import Path
 
+from shardsched.train.validate import run_dir_of
+
 DEFAULT_NPROC = 2
 """Workers when neither --nproc nor a resumed run says how many."""
-
-
-def run_dir_of(resume: str) -> Path:
-    """The run directory of --resume, which may name the run or one of its checkpoints."""
-    path = Path(resume)
-    return path.parent.parent if path.parent.name == "checkpoints" else path
 
 
 def _read_json(path: Path) -> dict:
