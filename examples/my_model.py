@@ -1,7 +1,7 @@
 """A model of your own for `--model python:examples/my_model.py:build` (see docs/guide.md).
 
 The function returns (model, example_inputs) where model(*example_inputs) is the
-loss; shardsched profiles it on this machine and plans its top-level layers.
+loss; shardsched traces it on fake tensors (exact bytes and FLOPs) and plans its layers.
 """
 import torch
 from torch import nn

@@ -23,6 +23,17 @@ def fmt_bytes(n: float | None) -> str:
     return f"{int(n)} B"
 
 
+def fmt_bytes_short(n: float | None) -> str:
+    """Three significant digits, at most 8 characters ("896 KiB", "1.23 GiB"): for tables at 80 columns."""
+    if n is None:
+        return "n/a"
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            v = n / size
+            return f"{v:.3g} {unit}" if v < 1000 else f"{v:.0f} {unit}"
+    return f"{int(n)} B"
+
+
 def fmt_seconds(s: float | None) -> str:
     if s is None:
         return "n/a"

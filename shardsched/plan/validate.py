@@ -73,9 +73,10 @@ def check_plan_consistency(plan: Plan) -> None:
     if not plan.units:
         raise ValueError("'units' is empty")
     for u in plan.units:
-        if not u.name.strip():
+        root = u.layers == ("",)  # the root unit: `fully_shard(model)` (plan.units.ROOT)
+        if not u.name.strip() and not root:
             raise ValueError("a unit has an empty name")
-        if not u.layers or any(not layer.strip() for layer in u.layers):
+        if not u.layers or (not root and any(not layer.strip() for layer in u.layers)):
             raise ValueError(f"unit {u.name!r} has an empty 'layers' list or an empty layer name")
         if u.params < 0:
             raise ValueError(f"unit {u.name!r} has negative params {u.params}")
@@ -91,14 +92,16 @@ def check_plan_consistency(plan: Plan) -> None:
             raise ValueError(f"unit {u.name!r} prefetches {unknown[0]!r}, which is not a unit of the plan")
 
 
-def check_plan_layers(plan: Plan, order: list[str]) -> None:
-    """The plan's layers exist in `order` (the model's modules, in execution or
-    registration order) and appear in that order: UsageError otherwise."""
+def check_plan_layers(plan: Plan, order: list[str], *, ordered: bool = True) -> None:
+    """The plan's layers exist in `order` (the model's modules, in execution order)
+    and, if `ordered`, appear in that order: UsageError otherwise. Registration order
+    (`named_modules`) can differ from execution order (BERT's embeddings, tied heads),
+    so callers holding only the module tree check existence alone."""
     index = {name: i for i, name in enumerate(order)}
     missing = [layer for u in plan.units for layer in u.layers if layer not in index]
     if missing:
         raise UsageError(f"plan names modules this model lacks: {', '.join(missing[:3])}")
     flat = [layer for u in plan.units for layer in u.layers]
-    for a, b in zip(flat, flat[1:]):
+    for a, b in zip(flat, flat[1:] if ordered else []):
         if index[b] <= index[a]:
             raise UsageError(f"plan lists layer {b!r} after {a!r}, out of the model's order; {ACCEPTED}")

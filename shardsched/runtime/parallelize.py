@@ -47,7 +47,7 @@ def check_plan(model: nn.Module, plan: Plan, world: int) -> None:
     if plan.world != world:
         raise UsageError(f"plan was made for {plan.world} workers, this run has {world}; "
                          f"re-plan with --world {world}")
-    check_plan_layers(plan, [n for n, _ in model.named_modules()])
+    check_plan_layers(plan, [n for n, _ in model.named_modules()], ordered=False)
     bad = tied_violation([u.layers for u in plan.units], tied_sets(model))
     if bad:
         raise UsageError(bad)

@@ -114,7 +114,7 @@ def print_bench(results: dict, *, world: int, steps: int, model: str) -> None:
     from rich import box
     from rich.table import Table
 
-    from shardsched._fmt import console, fmt_bytes
+    from shardsched._fmt import console, fmt_bytes_short as fmt_bytes
     table = Table(title=f"shardsched bench: {model}, {world} workers, {steps} steps per variant",
                   box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("variant", "step", "pred.", "err", "peak", "pred.", "err", "vs fs"):

@@ -61,7 +61,9 @@ def check_host_memory(model: str, *, world: int, batch: int, seq: int, precision
 def check_local_workers(cfg, *, world: int, external: bool) -> None:
     """The check for `shardsched train`'s own CPU workers (see the module docstring)."""
     import torch
-    if external or torch.cuda.is_available():
-        return
+
+    from shardsched.models.spec import parse_model_spec
+    if external or torch.cuda.is_available() or parse_model_spec(cfg.model).config is None:
+        return  # code and hf: models are checked against the budget once traced, not here
     check_host_memory(cfg.model, world=world, batch=cfg.batch, seq=cfg.seq, precision=cfg.precision,
                       available=mem_available())

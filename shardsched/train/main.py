@@ -12,7 +12,7 @@ import time
 from shardsched.cost.bytes import parse_bytes
 from shardsched.errors import UsageError
 from shardsched.train.config import TrainConfig
-from shardsched.train.validate import check_train_args, read_saved_config, validate  # noqa: F401 (bench)
+from shardsched.train.validate import check_config, check_train_args, read_saved_config, validate  # noqa: F401 (bench)
 
 DEFAULT_STEPS = 500
 """About a minute for the tiny model with 2 workers on 2 CPU cores (measured ~0.09 s/step: 500 steps ~ 45 s plus ~10 s start-up and profiling)."""
@@ -74,9 +74,11 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     from shardsched.train.resume import run_dir_of
     resumed_dir = str(run_dir_of(args.resume)) if args.resume else None  # --resume may name a checkpoint
     run_dir = args.run_dir or resumed_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
-    return TrainConfig(**values, strategy=args.strategy, plan=args.plan, memory_budget_bytes=budget,
-                       run_dir=run_dir, resume=args.resume, quiet=args.quiet,
-                       log_every=getattr(args, "log_every", 0))
+    cfg = TrainConfig(**values, strategy=args.strategy, plan=args.plan, memory_budget_bytes=budget,
+                      run_dir=run_dir, resume=args.resume, quiet=args.quiet,
+                      log_every=getattr(args, "log_every", 0))
+    check_config(cfg)  # ranges first: later checks (host memory, planning) assume them
+    return cfg
 
 
 def world_size(nproc: int) -> int:

@@ -7,13 +7,11 @@ workers shard identically.
 run (issue 7), so nothing the planner reads is a timing taken at start: links
 and compute are priced from the device preset of this machine or from a
 `--cluster` file (`shardsched profile --out`), GPT configs are profiled
-analytically for that device, and only models given as code are measured
-(`local_profile`: min of repeats, times rounded), until traced profiles on fake
-tensors replace that measurement.]
+analytically for that device, and models given as code (`python:`, `hf:`) are
+traced on fake tensors (`profile.trace`): exact bytes and FLOPs, no timing.]
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import torch
@@ -23,14 +21,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from shardsched.cost.device import DeviceSpec
 from shardsched.errors import UsageError
 from shardsched.core.types import Plan
-from shardsched.profile.types import LayerProfile, Profile
+from shardsched.profile.types import Profile
 from shardsched.train.config import TrainConfig
 from shardsched.train.task import Built
-
-SIGNIFICANT_DIGITS = 2
-"""Measured seconds are rounded to this many significant digits before planning."""
-MEASURE_REPEATS = 5
-"""Timed steps per measured profile; each layer keeps its fastest (noise only adds time)."""
 
 
 def share_from_rank0(make, *, mesh: DeviceMesh, rank: int):
@@ -67,39 +60,21 @@ def run_device(cfg: TrainConfig) -> DeviceSpec:
 
 
 def local_profile(cfg: TrainConfig, built: Built, *, world: int, device: DeviceSpec) -> Profile:
-    """The profile a run plans with: the one entry point (traced profiles replace
-    the measured branch when they land). GPT configs: analytic for `device`;
-    other models: measured on this machine on one worker's example inputs, made
-    stable (`stable_profile`)."""
+    """The profile a run plans with, the one entry point. GPT configs: analytic for
+    `device`; other models: traced on fake tensors (`profile.trace`) from one worker's
+    example inputs: exact bytes and FLOPs, priced on `device`, the same on every run."""
     from shardsched.core.types import Precision
     from shardsched.models.spec import parse_model_spec
     from shardsched.profile.analytic import analytic_profile
-    from shardsched.profile.measure import measure_profile
     from shardsched.profile.resolve import compute_dtype
+    from shardsched.profile.trace import trace_profile
     dtype = compute_dtype(Precision(cfg.precision))
     config = parse_model_spec(cfg.model).config
     if config is not None:
         from shardsched.train.config import model_config
         return analytic_profile(model_config(cfg.model, seq=cfg.seq), micro_batch=max(1, cfg.batch // world),
                                 seq=cfg.seq, device=device, compute_dtype=dtype, name=cfg.model)
-    profile = measure_profile(copy.deepcopy(built.model), built.example_inputs, name=cfg.model,
-                              compute_dtype=dtype, repeats=MEASURE_REPEATS)
-    return stable_profile(profile)
-
-
-def _round(x: float) -> float:
-    return float(f"{x:.{SIGNIFICANT_DIGITS}g}")
-
-
-def _stable_layer(layer: LayerProfile) -> LayerProfile:
-    return dataclasses.replace(layer, forward_seconds=_round(layer.forward_seconds),
-                               backward_seconds=_round(layer.backward_seconds),
-                               children=tuple(_stable_layer(c) for c in layer.children))
-
-
-def stable_profile(profile: Profile) -> Profile:
-    """Seconds rounded to SIGNIFICANT_DIGITS: run-to-run noise below that cannot move a plan."""
-    return dataclasses.replace(profile, layers=tuple(_stable_layer(layer) for layer in profile.layers))
+    return trace_profile(built.model, built.example_inputs, name=cfg.model, device=device, compute_dtype=dtype)
 
 
 def make_local_plan(cfg: TrainConfig, built: Built, *, world: int, profile: Profile | None = None) -> Plan:

@@ -13,7 +13,8 @@ from shardsched.train.planning import make_local_plan
 from shardsched.train.task import build
 args = build_parser("train").parse_args(["train"])  # exactly what `shardsched train` starts from
 cfg = config_from_args(args)
-plan = json.loads(make_local_plan(cfg, build(cfg, world=args.nproc), world=args.nproc).to_json())
+world = args.nproc or 2  # --nproc's default (2 workers) is applied after parsing
+plan = json.loads(make_local_plan(cfg, build(cfg, world=world), world=world).to_json())
 plan["solver"].pop("seconds")
 print(json.dumps(plan, sort_keys=True))
 """
