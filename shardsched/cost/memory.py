@@ -42,12 +42,18 @@ def state_bytes(precision: Precision, optimizer: Optimizer) -> StateBytes:
                       unsharded_param=compute, unsharded_grad=compute, reduce=4)
 
 
-def shards(strategy: Strategy, world: int) -> int:
-    """How many ways a unit's persistent state is split."""
-    return 1 if strategy is Strategy.REPLICATE else world
+def shards(strategy: Strategy, world: int, *, local: int | None = None) -> int:
+    """How many ways a unit's persistent state is split (hybrid strategies: over the
+    `local` workers of a node, `cost.strategy`)."""
+    if strategy is Strategy.REPLICATE:
+        return 1
+    if local is not None and strategy in (Strategy.HYBRID_SHARD, Strategy.HYBRID_SHARD_GRAD_OP):
+        return local
+    return world
 
 
-def model_states_bytes(params: int, strategy: Strategy, world: int, sb: StateBytes) -> int:
+def model_states_bytes(params: int, strategy: Strategy, world: int, sb: StateBytes, *,
+                       local: int | None = None) -> int:
     """ZeRO's "model states" of a unit at rest, per worker (ceil: FSDP2 pads shards)."""
-    n = shards(strategy, world)
+    n = shards(strategy, world, local=local)
     return sb.at_rest * -(-params // n)

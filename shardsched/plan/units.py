@@ -32,7 +32,8 @@ def unit_cost(layers: list[LayerProfile]) -> UnitCost:
                     forward_seconds=sum(layer.forward_seconds for layer in layers),
                     backward_seconds=sum(layer.backward_seconds for layer in layers),
                     activation_bytes=sum(layer.activation_bytes for layer in layers),
-                    workspace_bytes=workspace_bytes(layers))
+                    workspace_bytes=workspace_bytes(layers),
+                    input_bytes=sum(layer.input_bytes for layer in layers))
 
 
 def group_layers(profile: Profile, strategies: list[Strategy], *, block_params: int) -> list[list[int]]:

@@ -22,12 +22,13 @@ from __future__ import annotations
 import numpy as np
 
 from shardsched.solve.candidates import Choice, Problem
-from shardsched.solve.milp import FS, REP, SGO, costs_of
+from shardsched.solve.milp import FS, FSN, HS, HSGO, REP, SGO, costs_of
 from shardsched.sim.timeline import replay
 
 PER_AG_HOIST_UNITS = 40
 """Above this many units, hoist all AllGathers together (see module docstring)."""
-MIN_FIRST = (FS, SGO, REP)
+MIN_FIRST = (FS, FSN, HS, SGO, HSGO, REP)
+"""Least persistent-plus-held memory first (upgrades only move right)."""
 
 
 class Evaluator:
@@ -37,7 +38,6 @@ class Evaluator:
         self.p, self.c = p, costs_of(p)
         c = self.c
         self.unsh = np.array(c.unsharded, dtype=np.float64)
-        self.act = np.concatenate([[0], np.cumsum(c.act)]).astype(np.float64)
 
     def seconds(self, ch: Choice) -> float:
         return replay(self.p.scenario(ch)).step_seconds
@@ -64,9 +64,11 @@ class Evaluator:
         sb = c.state
         shard = np.array([c.shard[i][s] for i, s in enumerate(ch.strategies)], dtype=np.float64)
         pers = shard.sum() * (sb.param + sb.optimizer) + c.input_bytes
-        nonfs = np.array([s is not FS for s in ch.strategies], dtype=np.float64) * self.unsh
-        U = np.concatenate([[0], np.cumsum(nonfs)])
+        held = np.array([c.held[i][s] for i, s in enumerate(ch.strategies)], dtype=np.float64)
+        U = np.concatenate([[0], np.cumsum(held)])
         G = np.concatenate([np.cumsum((shard * sb.grad)[::-1])[::-1], [0]])
+        kept = [c.inp[i] if ch.ckpt and ch.ckpt[i] else c.act[i] for i in range(n)]
+        self.act = np.concatenate([[0], np.cumsum(kept)]).astype(np.float64)
         inc, exc = self._pending(ch, n)
         out = []
         for i in range(n):
@@ -74,60 +76,69 @@ class Evaluator:
             out.append(pers + U[i] + max(2 * u + prev + self.act[i] + exc[i],
                                          2 * u + self.act[i + 1] + c.ws[i] + inc[i]))
         for s in range(n, 2 * n):
-            out.append(self._backward(ch, s, pers, U, G, inc, exc))
+            out.append(self._backward(ch, s, pers, U, G, inc, exc, held))
         out.append(pers + G[0] + int(c.opt_factor * shard.sum() * sb.param))
         return out
 
-    def _backward(self, ch, s, pers, U, G, inc, exc) -> float:
+    def _backward(self, ch, s, pers, U, G, inc, exc, held) -> float:
         c, n = self.c, self.p.n
         i = 2 * n - 1 - s
-        held = c.rsbuf[i + 1] if i + 1 < n else 0
+        held_rs = c.rsbuf[i + 1] if i + 1 < n else 0
         base = pers + U[i] + G[i + 1]
         u = self.unsh[i]
-        m = max(u + self.act[i + 1] + c.ws[i] + held + inc[s],  # backward starts
-                u + c.ugrad[i] + self.act[i] + c.ws[i] + held + inc[s],  # backward ends
+        m = max(u + self.act[i] + c.act[i] + c.ws[i] + held_rs + inc[s],  # backward starts (recomputed)
+                u + c.ugrad[i] + self.act[i] + c.ws[i] + held_rs + inc[s],  # backward ends
                 c.ugrad[i] + self.act[i] + c.rsbuf[i] + inc[s])  # reduce
-        if ch.strategies[i] is FS:
-            m = max(m, 2 * self.unsh[i] + self.act[i + 1] + held + exc[s])
+        if ch.strategies[i].gathers_for_backward:  # copy-out, its post-forward slice still live
+            m = max(m, 2 * self.unsh[i] + held[i] + self.act[i + 1] + held_rs + exc[s])
         return base + m
 
 
 def least_memory(p: Problem) -> Choice:
-    """Most sharded allowed strategy everywhere, every AllGather at its use."""
+    """Most sharded allowed strategy everywhere, checkpointed where allowed, every
+    AllGather at its use."""
     n = p.n
     strat = tuple(next(k for k in MIN_FIRST if k in p.allowed[i]) for i in range(n))
-    return Choice(strat, tuple(range(n)), tuple(2 * n - 1 - i if s is FS else None for i, s in enumerate(strat)))
+    return Choice(strat, tuple(range(n)),
+                  tuple(2 * n - 1 - i if s.gathers_for_backward else None for i, s in enumerate(strat)),
+                  (True,) * n if p.checkpointable else ())
 
 
 def _with(ch: Choice, i: int, strategy) -> Choice:
+    """Unit i switched to `strategy` (None: checkpointing switched off instead)."""
     n = len(ch.strategies)
+    if strategy is None:
+        ckpt = ch.ckpt[:i] + (False,) + ch.ckpt[i + 1:]
+        return ch._replace(ckpt=ckpt if any(ckpt) else ())
     strat = ch.strategies[:i] + (strategy,) + ch.strategies[i + 1:]
-    bwd = ch.bwd[:i] + ((2 * n - 1 - i) if strategy is FS else None,) + ch.bwd[i + 1:]
-    return Choice(strat, ch.fwd, bwd)
+    bwd = ch.bwd[:i] + ((2 * n - 1 - i) if strategy.gathers_for_backward else None,) + ch.bwd[i + 1:]
+    return ch._replace(strategies=strat, bwd=bwd)
 
 
 def _moves(ev: Evaluator, ch: Choice) -> list[tuple[float, int, object, object]]:
-    """(seconds saved per byte, unit, from, to), best first (DeepCompile's ranking)."""
+    """(seconds saved per byte, unit, from, to), best first (DeepCompile's ranking);
+    `to` None: stop checkpointing the unit (saves its recomputation)."""
     c = ev.c
     out = []
     for i, allowed in enumerate(ev.p.allowed):
-        comm = {FS: 2 * c.ag[i] + c.red[i][FS], SGO: c.ag[i] + c.red[i][SGO], REP: c.red[i][REP]}
-        held = {FS: 0, SGO: c.unsharded[i], REP: c.unsharded[i]}
-        rest = {k: c.shard[i][k] * c.state.at_rest for k in (FS, SGO, REP)}
+        comm = {k: c.agf[i][k] + c.agb[i][k] + c.red[i][k] for k in allowed}
+        cost_of = {k: c.held[i][k] + c.shard[i][k] * c.state.at_rest for k in allowed}
         for a in allowed:
             for b in allowed:
                 saved = comm[a] - comm[b]
-                cost = held[b] + rest[b] - held[a] - rest[a]
                 if MIN_FIRST.index(b) > MIN_FIRST.index(a) and saved > 0:
-                    out.append((saved / max(cost, 1), i, a, b))
+                    out.append((saved / max(cost_of[b] - cost_of[a], 1), i, a, b))
+        if ch.ckpt and ch.ckpt[i]:
+            out.append((c.fwd[i] / max(c.act[i] - c.inp[i], 1), i, None, None))
     return sorted(out, key=lambda m: -m[0])
 
 
 def upgrade(ev: Evaluator, ch: Choice, *, budget: int) -> Choice:
-    """Step 2: spend free memory on less sharding, best saving per byte first."""
+    """Step 2: spend free memory on less sharding and less recomputation, best
+    saving per byte first."""
     t = ev.seconds(ch)
     for _, i, a, b in _moves(ev, ch):
-        if ch.strategies[i] is not a:
+        if a is not None and ch.strategies[i] is not a:
             continue
         cand = _with(ch, i, b)
         if ev.peak(cand) <= budget:
@@ -143,7 +154,7 @@ def _hoisted(ch: Choice, *, fwd: dict | None = None, bwd: dict | None = None) ->
         f[i] = l
     for i, l in (bwd or {}).items():
         b[i] = l
-    return Choice(ch.strategies, tuple(f), tuple(b))
+    return ch._replace(fwd=tuple(f), bwd=tuple(b))
 
 
 def hoist_each(ev: Evaluator, ch: Choice, *, budget: int, ahead: int) -> Choice:

@@ -36,13 +36,13 @@ from typing import NamedTuple
 import highspy
 import numpy as np
 
-from shardsched.cost.comm import Collective, collective_seconds
-from shardsched.cost.memory import shards
+from shardsched.cost.strategy import gather_seconds, held_after_forward, reduce_seconds, shard_count
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.plan.schedule import optimizer_seconds_per_param
 from shardsched.core.types import Strategy
 
 FS, SGO, REP = Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP, Strategy.REPLICATE
+FSN, HS, HSGO = Strategy.FULL_SHARD_NODE, Strategy.HYBRID_SHARD, Strategy.HYBRID_SHARD_GRAD_OP
 GiB = float(1 << 30)
 MEMORY_MARGIN_GIB = 0.5 / GiB
 """Rows are in GiB; keep half a byte below the budget (simulated bytes are integers) so solver tolerances never
@@ -108,17 +108,25 @@ def _add(a: dict, b: dict, sign: float = 1.0) -> dict:
 
 
 class Costs(NamedTuple):
-    """Per-unit constants of one Problem (seconds and bytes)."""
+    """Per-unit constants of one Problem (seconds and bytes); dicts are by strategy."""
 
-    ag: list[float]
+    agf: list[dict]
+    """Forward AllGather seconds."""
+    agb: list[dict]
+    """Backward AllGather seconds (0 for strategies that keep their parameters)."""
     red: list[dict]
     fwd: list[float]
     bwd: list[float]
+    """Backward seconds without recomputation (a checkpointed unit adds `fwd`)."""
     shard: list[dict]
+    held: list[dict]
+    """Bytes held from the end of forward to the backward copy-out (`cost.strategy`)."""
     unsharded: list[int]
     ugrad: list[int]
     rsbuf: list[int]
     act: list[int]
+    inp: list[int]
+    """Activations a checkpointed unit retains (its layers' inputs)."""
     ws: list[int]
     state: object
     input_bytes: int
@@ -128,20 +136,24 @@ class Costs(NamedTuple):
 
 
 def costs_of(p: Problem) -> Costs:
-    cl, w = p.cluster, p.cluster.world
-    sc = p.scenario(Choice(tuple(a[0] for a in p.allowed), tuple(range(p.n)), (None,) * p.n))
+    cl = p.cluster
+    sc = p.scenario(Choice(tuple(REP for _ in p.allowed), tuple(range(p.n)), (None,) * p.n))
     sb = sc.state
-    ag = [collective_seconds(Collective.ALL_GATHER, c.params * sb.unsharded_param, cl) for c in p.costs]
-    rs = [collective_seconds(Collective.REDUCE_SCATTER, c.params * sb.reduce, cl) for c in p.costs]
-    ar = [collective_seconds(Collective.ALL_REDUCE, c.params * sb.reduce, cl) for c in p.costs]
-    return Costs(ag=ag, red=[{REP: a, SGO: r, FS: r} for a, r in zip(ar, rs)],
+    ks = tuple(Strategy)
+    unsh = [c.params * sb.unsharded_param for c in p.costs]
+    return Costs(agf=[{k: gather_seconds(k, b, cl, backward=False) for k in ks} for b in unsh],
+                 agb=[{k: gather_seconds(k, b, cl, backward=True) if k.gathers_for_backward else 0.0 for k in ks}
+                      for b in unsh],
+                 red=[{k: reduce_seconds(k, c.params * sb.reduce, cl) for k in ks} for c in p.costs],
                  # from the scenario: it adds the device's per-unit host overhead
                  fwd=[c.forward_seconds for c in sc.units], bwd=[c.backward_seconds for c in sc.units],
-                 shard=[{k: -(-c.params // shards(k, w)) for k in (REP, SGO, FS)} for c in p.costs],
-                 unsharded=[c.params * sb.unsharded_param for c in p.costs],
+                 shard=[{k: -(-c.params // shard_count(k, cl)) for k in ks} for c in p.costs],
+                 held=[{k: held_after_forward(k, b, cl) for k in ks} for b in unsh],
+                 unsharded=unsh,
                  ugrad=[c.params * sb.unsharded_grad for c in p.costs],
                  rsbuf=[c.params * sb.reduce for c in p.costs],
-                 act=[c.activation_bytes for c in p.costs], ws=[c.workspace_bytes for c in p.costs],
+                 act=[c.activation_bytes for c in p.costs], inp=[c.input_bytes for c in p.costs],
+                 ws=[c.workspace_bytes for c in p.costs],
                  state=sb, input_bytes=sc.input_bytes, opt_factor=sc.optimizer_workspace_factor,
                  opt_per_param=optimizer_seconds_per_param(sb, cl))
 
@@ -166,52 +178,82 @@ class _Build:
         comp = self.c.fwd + self.c.bwd[::-1]
         self.tscale = max(sum(comp), 1e-12)  # times ~1: tolerances are relative to the step
         self.comp = [t / self.tscale for t in comp]
-        self.t_ub = (t_ub / self.tscale) * (1 + 1e-7) + 1e-9 if t_ub is not None else self._serial_bound()
         self.aux_defs: list[tuple[int, dict, float]] = []
+        self.products: list[tuple[int, int, tuple[int, ...]]] = []  # (column, launch col, z cols)
         self._decisions()
+        self.t_ub = (t_ub / self.tscale) * (1 + 1e-7) + 1e-9 if t_ub is not None else self._serial_bound()
         self._times()
         self._memory(budget)
 
     def _serial_bound(self) -> float:
         c = self.c
-        worst = sum(2 * a + max(r.values()) for a, r in zip(c.ag, c.red))
+        worst = sum(max(c.agf[i][k] + c.agb[i][k] + c.red[i][k] for k in self.z[i]) for i in range(self.n))
         opt = sum(s[REP] for s in c.shard) * c.opt_per_param
-        return (sum(self.comp) + (worst + opt) / self.tscale) * 1.01 + 1e-9
+        recompute = sum(c.fwd) if self.p.checkpointable else 0.0
+        return (sum(self.comp) + (worst + opt + recompute) / self.tscale) * 1.01 + 1e-9
 
     def _decisions(self) -> None:
         m, p = self.m, self.p
         self.z = [{k: m.var(integer=True) for k in p.allowed[i]} for i in range(self.n)]
         for i in range(self.n):
             m.row({v: 1.0 for v in self.z[i].values()}, 1.0, 1.0)
+        self.ck = [m.var(integer=True) if p.checkpointable else None for _ in range(self.n)]
         self.xf = [{l: m.var(integer=True) for l in self.fwin[i]} for i in range(self.n)]
-        self.w = []
         for i in range(self.n):
             m.row({v: 1.0 for v in self.xf[i].values()}, 1.0, 1.0)
-            if REP in self.z[i]:  # w = xf and not replicate: a replicate AllGather is free
-                w = {l: m.var() for l in self.fwin[i]}
-                for l in self.fwin[i]:
-                    m.row({w[l]: 1.0, self.xf[i][l]: -1.0, self.z[i][REP]: 1.0}, lo=0.0)
-            else:
-                w = self.xf[i]
-            self.w.append(w)
-        self.xb = [{l: m.var(integer=True) for l in self.bwin[i]} if FS in self.z[i] else {}
-                   for i in range(self.n)]
+        gathering = [[k for k in self.z[i] if k.gathers_for_backward] for i in range(self.n)]
+        self.xb = [{l: m.var(integer=True) for l in self.bwin[i]} if gathering[i] else {} for i in range(self.n)]
         for i in range(self.n):
             if self.xb[i]:
-                m.row(_add({v: 1.0 for v in self.xb[i].values()}, {self.z[i][FS]: -1.0}), 0.0, 0.0)
+                m.row(_add({v: 1.0 for v in self.xb[i].values()}, {self.z[i][k]: -1.0 for k in gathering[i]}),
+                      0.0, 0.0)
+        self.fdur = [self._durations(i, self.xf[i], self.c.agf[i]) for i in range(self.n)]
+        self.bdur = [self._durations(i, self.xb[i], self.c.agb[i]) for i in range(self.n)]
+
+    def _durations(self, i: int, launches: dict, seconds: dict) -> dict:
+        """launch step -> {column: scaled seconds}: the AllGather's duration when it is
+        launched there. Strategies gather over different groups, so the duration is
+        seconds[k] * x[l] * z[k]: one continuous y >= x + sum(z[K]) - 1 per distinct
+        duration (exact at the optimum: durations only ever delay, so y sits on its bound)."""
+        classes: dict[float, list] = {}
+        for k in self.z[i]:
+            if seconds[k] > 0:
+                classes.setdefault(seconds[k], []).append(k)
+        out = {}
+        for l, x in launches.items():
+            out[l] = {}
+            for sec, ks in classes.items():
+                if len(ks) == len(self.z[i]) or (launches is self.xb[i] and
+                                                 set(ks) == {k for k in self.z[i] if k.gathers_for_backward}):
+                    out[l][x] = sec / self.tscale  # every strategy that launches it: no product needed
+                    continue
+                y = self.m.var()
+                zs = tuple(self.z[i][k] for k in ks)
+                self.m.row(_add({y: 1.0, x: -1.0}, {v: -1.0 for v in zs}), lo=-1.0)
+                self.products.append((y, x, zs))
+                out[l][y] = sec / self.tscale
+        return out
 
     def zexpr(self, i: int, coef: dict) -> dict:
         return {v: coef[k] for k, v in self.z[i].items()}
 
     def _ag_at(self, l: int, max_use: int) -> dict:
         """Durations of the AllGathers launched at l with use <= max_use."""
-        n, c, ts, out = self.n, self.c, self.tscale, {}
+        n, out = self.n, {}
         for j in range(n):
-            if l in self.fwin[j] and j <= max_use:
-                out[self.w[j][l]] = c.ag[j] / ts
-            if l in self.xb[j] and 2 * n - 1 - j <= max_use:
-                out[self.xb[j][l]] = c.ag[j] / ts
+            if l in self.fdur[j] and j <= max_use:
+                out = _add(out, self.fdur[j][l])
+            if l in self.bdur[j] and 2 * n - 1 - j <= max_use:
+                out = _add(out, self.bdur[j][l])
         return out
+
+    def _recompute(self, s: int) -> dict:
+        """A checkpointed unit's backward step also runs its forward."""
+        n = self.n
+        if s < n or s >= 2 * n or self.ck[2 * n - 1 - s] is None:
+            return {}
+        i = 2 * n - 1 - s
+        return {self.ck[i]: self.c.fwd[i] / self.tscale}
 
     def _opt_seconds(self) -> dict:
         out = {}
@@ -226,16 +268,17 @@ class _Build:
         self.Z = [m.var(0.0, ub) for _ in range(2 * n)]
         self.E = [m.var(0.0, ub) for _ in range(2 * n + 1)]
         for s in range(2 * n):
+            rc = self._recompute(s)
             if s > 0:
                 m.ge({self.S[s]: 1.0}, {self.Z[s - 1]: 1.0})
                 m.ge({self.S[s]: 1.0}, {self.E[s - 1]: 1.0})
-                m.ge({self.E[s]: 1.0}, {self.E[s - 1]: 1.0}, self.comp[s])
+                m.ge({self.E[s]: 1.0}, _add({self.E[s - 1]: 1.0}, rc), self.comp[s])
             else:
                 m.ge({self.E[0]: 1.0}, {}, self.comp[0])
             self._channel(s)
             self._deadlines(s)
             if not self.p.cluster.device.overlap:  # blocking collectives: compute after the whole batch
-                m.ge({self.E[s]: 1.0}, _add({self.S[s]: 1.0}, self._ag_at(s, 2 * n)), self.comp[s])
+                m.ge({self.E[s]: 1.0}, _add(_add({self.S[s]: 1.0}, self._ag_at(s, 2 * n)), rc), self.comp[s])
         opt = self._opt_seconds()
         m.ge({self.E[2 * n]: 1.0}, _add({self.E[2 * n - 1]: 1.0}, opt))
         m.ge({self.E[2 * n]: 1.0}, _add({self.Z[2 * n - 1]: 1.0}, opt))
@@ -259,17 +302,16 @@ class _Build:
         i = u if u < n else 2 * n - 1 - u
         launches = self.xf[i] if u < n else self.xb[i]
         before = sum(self.comp[:u])
+        rc = self._recompute(u)
         for l, x in launches.items():
             big = max(self.t_ub - before, 0.0)
-            end = _add({self.S[l]: 1.0}, self._ag_at(l, u))
+            end = _add(_add({self.S[l]: 1.0}, self._ag_at(l, u)), rc)
             self.m.ge(_add({self.E[u]: 1.0}, {x: -big}), end, self.comp[u] - big)
 
     def _all_comm(self) -> dict:
-        out = {}
+        out, c, ts = {}, self.c, self.tscale
         for i in range(self.n):
-            a = self.c.ag[i] / self.tscale
-            out = _add(out, self.zexpr(i, {k: v / self.tscale + (a if k is not REP else 0.0)
-                                           + (a if k is FS else 0.0) for k, v in self.c.red[i].items()}))
+            out = _add(out, self.zexpr(i, {k: (c.agf[i][k] + c.agb[i][k] + c.red[i][k]) / ts for k in self.z[i]}))
         return out
 
     def _aux(self, terms: dict, const: float = 0.0) -> int:
@@ -293,11 +335,18 @@ class _Build:
         for i in reversed(range(n)):
             self.G[i] = self._aux(_add({self.G[i + 1]: 1.0},
                                        self.zexpr(i, {k: s * sb.grad * g for k, s in c.shard[i].items()})))
-        # U[i]: unsharded parameters of non-full_shard units before i (kept until their backward).
+        # U[i]: bytes units before i hold between their forward and their backward.
         self.U = [self._aux({})]
         for i in range(n - 1):
-            live = {k: (0.0 if k is FS else c.unsharded[i] * g) for k in self.z[i]}
+            live = {k: c.held[i][k] * g for k in self.z[i]}
             self.U.append(self._aux(_add({self.U[-1]: 1.0}, self.zexpr(i, live))))
+        # A[i+1]: activations retained by units 0..i (a checkpointed unit keeps its inputs).
+        self.A = [({}, 0.0)]
+        for i in range(n):
+            terms, const = self.A[-1]
+            if self.ck[i] is not None:
+                terms = {self._aux(_add(terms, {self.ck[i]: (c.inp[i] - c.act[i]) * g})): 1.0}
+            self.A.append((terms, const + c.act[i] * g))
 
     def _pending(self, s: int, *, inclusive: bool) -> dict:
         """AllGather outputs launched (before / at) s and used after s."""
@@ -317,39 +366,43 @@ class _Build:
         c, n, g = self.c, self.n, 1.0 / GiB
         cap = budget * g - MEMORY_MARGIN_GIB
         self.mem_rows: list[tuple] = []  # (step, terms, const, gate column or None), for tests
-        act = np.concatenate([[0], np.cumsum(c.act)])  # act[i+1] = activations of units 0..i
         base = {self.PP: 1.0, self.PO: 1.0}
         for i in range(n):
             u, prev = c.unsharded[i], c.unsharded[i - 1] if i else 0
             live = _add(base, {self.U[i]: 1.0})
-            self._mem(i, _add(live, self._pending(i, inclusive=False)),
-                      (2 * u + prev + act[i] + c.input_bytes) * g, cap)
-            self._mem(i, _add(live, self._pending(i, inclusive=True)),
-                      (2 * u + act[i + 1] + c.ws[i] + c.input_bytes) * g, cap)
+            (a0, k0), (a1, k1) = self.A[i], self.A[i + 1]
+            self._mem(i, _add(_add(live, a0), self._pending(i, inclusive=False)),
+                      k0 + (2 * u + prev + c.input_bytes) * g, cap)
+            self._mem(i, _add(_add(live, a1), self._pending(i, inclusive=True)),
+                      k1 + (2 * u + c.ws[i] + c.input_bytes) * g, cap)
         for s in range(n, 2 * n):
-            self._backward_rows(s, base, act, cap)
+            self._backward_rows(s, base, cap)
         opt = {self.PP: 1.0 + c.opt_factor, self.PO: 1.0, self.G[0]: 1.0}
         self._mem(2 * n, opt, c.input_bytes * g, cap)
 
-    def _backward_rows(self, s: int, base: dict, act, cap: float) -> None:
+    def _backward_rows(self, s: int, base: dict, cap: float) -> None:
         """Backward of unit i frees its activations as it makes its gradients:
-        start (activations + workspace), end (gradients), reduce, and the
-        copy-out of its backward AllGather when it is full_shard."""
+        start (earlier units' retained activations and its own in full: recomputed
+        when checkpointed; + workspace), end (gradients), reduce, and the copy-out of
+        its backward AllGather when its strategy gathers for backward."""
         c, n, g = self.c, self.n, 1.0 / GiB
         i = 2 * n - 1 - s
         held_rs = c.rsbuf[i + 1] if i + 1 < n else 0
         live = _add(base, {self.U[i]: 1.0, self.G[i + 1]: 1.0})
-        pend = _add(live, self._pending(s, inclusive=True))
+        (a0, k0), (a1, k1) = self.A[i], self.A[i + 1]
+        pend = _add(_add(live, a0), self._pending(s, inclusive=True))
         u, inp = c.unsharded[i], c.input_bytes
-        self._mem(s, pend, (u + act[i + 1] + c.ws[i] + inp + held_rs) * g, cap)
-        self._mem(s, pend, (u + c.ugrad[i] + act[i] + c.ws[i] + inp + held_rs) * g, cap)
-        self._mem(s, pend, (c.ugrad[i] + act[i] + inp + c.rsbuf[i]) * g, cap)
-        if FS in self.z[i]:  # counts only if full_shard: gate with big-M on z[i, FS]
-            terms = _add(live, self._pending(s, inclusive=False))
-            const = (2 * u + act[i + 1] + inp + held_rs) * g
+        self._mem(s, pend, k0 + (u + c.act[i] + c.ws[i] + inp + held_rs) * g, cap)
+        self._mem(s, pend, k0 + (u + c.ugrad[i] + c.ws[i] + inp + held_rs) * g, cap)
+        self._mem(s, pend, k0 + (c.ugrad[i] + inp + c.rsbuf[i]) * g, cap)
+        gate = [self.z[i][k] for k in self.z[i] if k.gathers_for_backward]
+        if gate:  # counts only for those strategies: gate with big-M on their z
+            terms = _add(_add(_add(live, a1), self._pending(s, inclusive=False)),
+                         self.zexpr(i, {k: (c.held[i][k] * g if k.gathers_for_backward else 0.0) for k in self.z[i]}))
+            const = k1 + (2 * u + inp + held_rs) * g
             big = self._bytes_bound() * g  # more than any moment can hold
-            self.m.row(_add(terms, {self.z[i][FS]: big}), hi=cap - const + big)
-            self.mem_rows.append((s, terms, const, self.z[i][FS]))
+            self.m.row(_add(terms, {v: big for v in gate}), hi=cap - const + big)
+            self.mem_rows.append((s, terms, const, tuple(gate)))
 
     def _bytes_bound(self) -> float:
         c = self.c
@@ -368,10 +421,12 @@ class _Build:
         for i in range(self.n):
             x[self.z[i][ch.strategies[i]]] = 1.0
             x[self.xf[i][ch.fwd[i]]] = 1.0
-            if self.w[i] is not self.xf[i]:
-                x[self.w[i][ch.fwd[i]]] = 0.0 if ch.strategies[i] is REP else 1.0
             if ch.bwd[i] is not None:
                 x[self.xb[i][ch.bwd[i]]] = 1.0
+            if self.ck[i] is not None and ch.ckpt and ch.ckpt[i]:
+                x[self.ck[i]] = 1.0
+        for y, launch, zs in self.products:
+            x[y] = max(0.0, x[launch] + sum(x[v] for v in zs) - 1.0)
         for v, terms, const in self.aux_defs:
             x[v] = const + sum(c * x[k] for k, c in terms.items())
         self._start_times(x)
@@ -388,7 +443,7 @@ class _Build:
             x[self.S[s]] = st = max(z_prev, e_prev)
             z = st + val(self._ag_at(s, 2 * n))
             ready = z if not self.p.cluster.device.overlap else self._ready(x, s)
-            x[self.E[s]] = e_prev = max(e_prev, ready) + self.comp[s]
+            x[self.E[s]] = e_prev = max(e_prev, ready) + self.comp[s] + val(self._recompute(s))
             if s >= n:
                 i = 2 * n - 1 - s
                 red = val(self.zexpr(i, {k: v / self.tscale for k, v in self.c.red[i].items()}))
@@ -411,9 +466,10 @@ class _Build:
     def choice(self, x: np.ndarray) -> Choice:
         strat = tuple(max(self.z[i], key=lambda k: x[self.z[i][k]]) for i in range(self.n))
         fwd = tuple(max(self.xf[i], key=lambda l: x[self.xf[i][l]]) for i in range(self.n))
-        bwd = tuple(max(self.xb[i], key=lambda l: x[self.xb[i][l]]) if strat[i] is FS else None
+        bwd = tuple(max(self.xb[i], key=lambda l: x[self.xb[i][l]]) if strat[i].gathers_for_backward else None
                     for i in range(self.n))
-        return Choice(strat, fwd, bwd)
+        ckpt = tuple(bool(c is not None and x[c] > 0.5) for c in self.ck)
+        return Choice(strat, fwd, bwd, ckpt if any(ckpt) else ())
 
 
 def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | None = None,

@@ -27,20 +27,26 @@ OVERLAP = Cluster(world=8, gpus_per_node=8,
                   device=dataclasses.replace(DEVICES["cpu"], overlap=True, unit_overhead_seconds=0.0))
 
 
-def synth(k: int, seed: int) -> Profile:
-    """Varied sizes and times; AllGathers (2 GB/s) comparable to compute, so choices matter."""
+def synth(k: int, seed: int, *, ckpt_saves: bool = False) -> Profile:
+    """Varied sizes and times; AllGathers (2 GB/s) comparable to compute, so choices matter.
+    Unless `ckpt_saves`, a layer's inputs are as large as its activations, so checkpointing
+    (which auto always may choose) never pays and the strategy-only brute force is the optimum."""
     r = random.Random(seed)
-    layers = tuple(LayerProfile(name=f"l{i}", params=r.choice([1, 3, 8]) * r.randint(1, 6) * 10**6,
-                                forward_seconds=r.uniform(2, 15) * 1e-3, backward_seconds=r.uniform(4, 30) * 1e-3,
-                                activation_bytes=r.randint(1, 60) * 10**6) for i in range(k))
-    return Profile(model="synth", layers=layers, fingerprint="synth", input_bytes=4096)
+    layers = []
+    for i in range(k):
+        act = r.randint(1, 60) * 10**6
+        layers.append(LayerProfile(name=f"l{i}", params=r.choice([1, 3, 8]) * r.randint(1, 6) * 10**6,
+                                   forward_seconds=r.uniform(2, 15) * 1e-3, backward_seconds=r.uniform(4, 30) * 1e-3,
+                                   activation_bytes=act, input_bytes=act // r.randint(3, 8) if ckpt_saves else act))
+    return Profile(model="synth", layers=tuple(layers), fingerprint="synth", input_bytes=4096)
 
 
 def random_choice(p, r: random.Random) -> Choice:
     st = tuple(r.choice(p.allowed[i]) for i in range(p.n))
     fwd = tuple(r.randint(0, i) for i in range(p.n))
-    bwd = tuple(r.randint(p.n, 2 * p.n - 1 - i) if s is Strategy.FULL_SHARD else None for i, s in enumerate(st))
-    return Choice(st, fwd, bwd)
+    bwd = tuple(r.randint(p.n, 2 * p.n - 1 - i) if s.gathers_for_backward else None for i, s in enumerate(st))
+    ckpt = tuple(r.random() < 0.5 for _ in range(p.n)) if p.checkpointable else ()
+    return Choice(st, fwd, bwd, ckpt if any(ckpt) else ())
 
 
 def budgets(problems) -> list[int]:
