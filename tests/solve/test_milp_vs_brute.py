@@ -97,7 +97,7 @@ def test_memory_rows_and_evaluator_match_simulator():
             x = b.start(ch)
             rows = [0.0] * len(sim)
             for s, terms, const, gate in b.mem_rows:
-                if gate is None or x[gate] > 0.5:
+                if gate is None or sum(x[g] for g in gate) > 0.5:
                     rows[s] = max(rows[s], const + sum(c * x[k] for k, c in terms.items()))
             assert [v * milp.GiB for v in rows] == pytest.approx(sim, abs=64)
             assert x[b.E[-1]] * b.tscale == pytest.approx(replay(p.scenario(ch)).step_seconds, rel=1e-12)
