@@ -11,7 +11,8 @@ from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
 from shardsched.core.types import Plan, Strategy
 from shardsched.profile.types import Profile
-from shardsched.sim.timeline import collective_time, reduce_kind
+from shardsched.cost.strategy import reduce_kind, shard_count
+from shardsched.sim.timeline import collective_time
 
 
 def unit_table(plan: Plan, profile: Profile, cluster: Cluster) -> Table:
@@ -23,16 +24,19 @@ def unit_table(plan: Plan, profile: Profile, cluster: Cluster) -> Table:
                 "AllGather", "ReduceScatter", "AllReduce", "prefetch fwd/bwd"):
         t.add_column(col, justify="left" if col in ("unit", "strategy", "prefetch fwd/bwd") else "right")
     for i, (u, c) in enumerate(zip(plan.units, sc.units)):
-        shards = 1 if u.strategy is Strategy.REPLICATE else plan.world
+        shards = shard_count(u.strategy, cluster)
         ag_b = u.params * sb.unsharded_param
         red_b = u.params * sb.reduce
-        n_ag = 0 if u.strategy is Strategy.REPLICATE else (2 if u.strategy is Strategy.FULL_SHARD else 1)
+        n_ag = 0 if u.strategy is Strategy.REPLICATE else (2 if u.strategy.gathers_for_backward else 1)
         kind = reduce_kind(u.strategy)
-        ag = f"{n_ag}x {fmt_bytes(ag_b)} {fmt_seconds(collective_time(sc, Collective.ALL_GATHER, i))}" if n_ag else "-"
+        ag_s = fmt_seconds(collective_time(sc, Collective.ALL_GATHER, i))
+        if u.strategy is Strategy.FULL_SHARD_NODE:  # the backward one is intra-node
+            ag_s += "+" + fmt_seconds(collective_time(sc, Collective.ALL_GATHER, i, backward=True))
+        ag = f"{n_ag}x {fmt_bytes(ag_b)} {ag_s}" if n_ag else "-"
         red = f"{fmt_bytes(red_b)} {fmt_seconds(collective_time(sc, kind, i))}"
-        t.add_row(u.name, str(len(u.layers)), fmt_count(u.params), u.strategy.value,
+        t.add_row(u.name, str(len(u.layers)), fmt_count(u.params), u.strategy.label + ("+ckpt" if u.checkpoint else ""),
                   fmt_bytes(sb.at_rest * -(-u.params // shards)), fmt_bytes(ag_b),
-                  fmt_seconds(c.forward_seconds), fmt_seconds(c.backward_seconds), ag,
+                  fmt_seconds(c.forward_seconds), fmt_seconds(sc.backward_seconds(i)), ag,
                   red if kind is Collective.REDUCE_SCATTER else "-",
                   red if kind is Collective.ALL_REDUCE else "-",
                   f"{','.join(u.forward_prefetch) or '-'} / {','.join(u.backward_prefetch) or '-'}")

@@ -9,7 +9,6 @@ has one strategy).
 """
 from __future__ import annotations
 
-from shardsched.core.types import Strategy
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.sim.scenario import UnitCost
 
@@ -36,12 +35,13 @@ def unit_cost(layers: list[LayerProfile]) -> UnitCost:
                     input_bytes=sum(layer.input_bytes for layer in layers))
 
 
-def group_layers(profile: Profile, strategies: list[Strategy], *, block_params: int) -> list[list[int]]:
-    """Consecutive layer indices per unit: fuse same-strategy layers while the
-    unit is below `block_params` parameters (0 disables fusion)."""
+def group_layers(profile: Profile, strategies: list, *, block_params: int) -> list[list[int]]:
+    """Consecutive layer indices per unit: fuse layers of the same strategy (and
+    checkpointing, when `strategies` holds (strategy, checkpointed) pairs) while
+    the unit is below `block_params` parameters (0 disables fusion)."""
     groups: list[list[int]] = []
     for i, layer in enumerate(profile.layers):
-        if (groups and block_params > 0 and strategies[groups[-1][-1]] is strategies[i]
+        if (groups and block_params > 0 and strategies[groups[-1][-1]] == strategies[i]
                 and sum(profile.layers[j].params for j in groups[-1]) < block_params):
             groups[-1].append(i)
         else:
