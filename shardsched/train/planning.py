@@ -75,7 +75,7 @@ def make_local_plan(cfg: TrainConfig, model: GPT, *, world: int, link=None, prof
     device = DEVICES[_device_preset()]
     if link is not None:  # this group's measured AllGather latency and bandwidth
         device = dataclasses.replace(device, intra=link, inter=link)
-    cluster = Cluster(world=world, gpus_per_node=world, device=device)
+    cluster = Cluster(world=world, gpus_per_node=cfg.gpus_per_node or world, device=device)
     budget, notes = cfg.memory_budget_bytes, ()
     if cfg.strategy in (None, "auto") and budget is None:
         budget = default_budget(profile, cluster, precision=precision, optimizer=Optimizer.ADAM)
