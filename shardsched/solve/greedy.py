@@ -192,13 +192,28 @@ def hoist_uniform(ev: Evaluator, ch: Choice, *, budget: int, ahead: int) -> Choi
 
 
 def greedy(p: Problem, *, budget: int, ahead: int | None = None) -> Choice | None:
-    """Steps 1-3; None when even the least-memory schedule does not fit."""
+    """Steps 1-3; None when even the least-memory schedule does not fit.
+
+    [Note: two starts when checkpointing is allowed]
+    Upgrades are ranked per byte, so from an all-checkpointed start memory goes to
+    less sharding first and recomputation may never be switched off, though that
+    would be faster (GPT-3 175B at 80 GiB: every unit checkpointed and full_shard/node,
+    where no checkpointing fits). When the unchecked start fits too, both are run and
+    the faster kept (up to PER_AG_HOIST_UNITS units: beyond, a second climb costs
+    seconds of a 10 s budget, and there the MILP is not run to fix it either way)."""
     ev = Evaluator(p)
-    ch = least_memory(p)
-    if ev.peak(ch) > budget:
+    least = least_memory(p)
+    if ev.peak(least) > budget:
         return None
     ahead = p.n if ahead is None else ahead
+    unchecked = least._replace(ckpt=())
+    starts = [least] + ([unchecked] if least.ckpt and p.n <= PER_AG_HOIST_UNITS and ev.peak(unchecked) <= budget
+                        else [])
+    return min((_climb(ev, ch, budget=budget, ahead=ahead) for ch in starts), key=ev.seconds)
+
+
+def _climb(ev: Evaluator, ch: Choice, *, budget: int, ahead: int) -> Choice:
     ch = upgrade(ev, ch, budget=budget)
-    if p.n > PER_AG_HOIST_UNITS:
+    if ev.p.n > PER_AG_HOIST_UNITS:
         return hoist_uniform(ev, ch, budget=budget, ahead=ahead)
     return hoist_each(ev, ch, budget=budget, ahead=ahead)
