@@ -1,8 +1,11 @@
 """The schedule MILP for one grouping: strategies and AllGather launch points.
 
-Decisions (binary): z[i,k] unit i takes strategy k; xf[i,l] its forward
-AllGather is launched at step l; xb[i,l] its backward AllGather (full_shard
-only) at step l. Times (continuous, in units of `tscale` seconds), one set per
+Decisions (binary): z[i,k] unit i takes strategy k (replicate, shard_grad_op,
+full_shard, and across nodes full_shard_node, hybrid_shard, hybrid_shard_grad_op);
+ck[i] unit i is activation-checkpointed (when the Problem allows it); xf[i,l] its
+forward AllGather is launched at step l; xb[i,l] its backward AllGather (strategies
+that gather for backward: full_shard, full_shard_node, hybrid_shard; sum_l xb[i,l] =
+sum of their z[i,k]) at step l. Times (continuous, in units of `tscale` seconds), one set per
 compute step s = 0..2n (`sim.scenario` indexing):
   S[s] issue start of step s's AllGathers = max(Z[s-1], E[s-1])
   Z[s] channel free after step s's collectives (AllGathers, then its reduction)
@@ -14,13 +17,26 @@ step's own unsharding first, then its prefetch list in use order. That sum is
 linear in the binaries; the "compute u waits for it" constraint holds only when
 u's AllGather is launched at l, hence big-M. Every constraint is ">=" of a max-
 plus recurrence, so for fixed binaries the minimal E[2n] is the replay's step
-time (tests/plan/test_milp_vs_brute.py checks objective == replay).
+time (tests/solve/test_milp_vs_brute.py and test_levers_vs_brute.py check
+objective == replay == brute force).
+
+Strategy-dependent durations: an AllGather runs over the world or only the node
+(`cost.strategy`), so a launch's duration is sum_k sec[k] * xf[i,l] * z[i,k]. Each
+distinct duration gets one continuous y >= xf[i,l] + sum_{k in K} z[i,k] - 1 (K: the
+strategies with that duration); durations only ever delay (every time row is ">="),
+so at the optimum y sits on its bound, the product. Recomputation: unit i's backward
+step lasts bwd[i] + ck[i] * fwd[i] (in the E recurrence, the deadlines and the
+blocking rows).
 
 Memory: every moment `sim.memory.step_memory` evaluates (forward copy-out and
 compute; backward compute, reduce and full_shard copy-out; optimizer) is a
-linear expression of z and x, constrained <= budget. Running sums (persistent
-states, reduced gradients, live non-full_shard parameters) are auxiliary
-variables so rows stay short.
+linear expression of z, ck and x, constrained <= budget. Running sums (persistent
+states, reduced gradients, bytes held between forward and backward: the unsharded
+copy, hpZ's node-sized slice or nothing; retained activations A[i] = A[i-1] + act[i]
+- ck[i] (act[i] - input[i])) are auxiliary variables so rows stay short. A
+checkpointed unit's backward rows count its activations in full (recomputed); its
+backward copy-out row (gated by big-M on the gathering strategies' z) only its inputs
+and, for full_shard_node, its slice.
 
 Big-M: with the warm start's step time T_ub as an upper bound on E[2n] (a
 schedule worse than the start is useless), every AllGather ends by T_ub, so
