@@ -9,18 +9,13 @@ import functools
 
 import pytest
 import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from shardsched.cost.device import DEVICES, Cluster
 from shardsched.solve.build import make_plan
 from shardsched.profile.measure import measure_profile
-from shardsched.runtime.memtrack import tracked_peak_bytes
-from shardsched.runtime.parallelize import parallelize
 from shardsched.models.gpt import GPT
 
-from tests.plan.test_memory_vs_fsdp2 import CONFIGS
+from tests.plan.test_memory_vs_fsdp2 import CONFIGS, fsdp_peak
 
 GPUS_PER_NODE = 8
 CASES = {  # world -> (lever, precision, the same plan with the old strategies and no checkpointing)
@@ -49,21 +44,7 @@ def measured_and_predicted(config: str, world: int, strategy: str, precision: st
     profile, x, y = profile_of(config, precision)
     plan = make_plan(profile, Cluster(world=world, gpus_per_node=GPUS_PER_NODE, device=DEVICES["cpu"]),
                      strategy=strategy, precision=precision, optimizer="adam", fuse=False)
-    model = GPT(cfg)
-    dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
-    try:
-        parallelize(model, plan, mesh=init_device_mesh("cpu", (world,)))
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-
-        def step(_: int) -> None:
-            model(x, y).backward()
-            opt.step()
-            opt.zero_grad()
-
-        measured = tracked_peak_bytes(model, opt, step, steps=2, inputs=(x, y))["Total"]
-    finally:
-        dist.destroy_process_group()
-    return measured, plan.predicted.peak_bytes
+    return fsdp_peak(GPT(cfg), plan, world, x, y, "adam"), plan.predicted.peak_bytes
 
 
 @pytest.mark.parametrize("world", [16, 64])

@@ -20,7 +20,7 @@ from shardsched.solve.greedy import Evaluator, greedy, least_memory
 from shardsched.sim.memory import step_memory
 from shardsched.sim.timeline import replay
 
-from tests.solve.test_milp_vs_brute import KW, random_choice, synth
+from tests.solve.test_milp_vs_brute import KW, check_rows_and_evaluator, random_choice, synth
 
 CPU = dataclasses.replace(DEVICES["cpu"], unit_overhead_seconds=0.0)
 # Inter-node link 20x slower than intra: node-aware strategies matter.
@@ -73,16 +73,7 @@ def test_memory_rows_times_and_evaluator_match_simulator(cluster):
         p = p._replace(checkpointable=True)
         b, ev = milp._Build(p, budget=1 << 40, ahead=p.n, t_ub=None), Evaluator(p)
         for _ in range(20):
-            ch = random_choice(p, r)
-            sim = [m.total for m in step_memory(p.scenario(ch))]
-            assert [int(m) for m in ev.moments(ch)] == sim
-            x = b.start(ch)
-            rows = [0.0] * len(sim)
-            for s, terms, const, gate in b.mem_rows:
-                if gate is None or sum(x[g] for g in gate) > 0.5:
-                    rows[s] = max(rows[s], const + sum(c * x[k] for k, c in terms.items()))
-            assert [v * milp.GiB for v in rows] == pytest.approx(sim, abs=64)
-            assert x[b.E[-1]] * b.tscale == pytest.approx(replay(p.scenario(ch)).step_seconds, rel=1e-12)
+            check_rows_and_evaluator(p, b, ev, random_choice(p, r))
 
 
 def test_greedy_start_is_feasible_and_milp_never_worse():

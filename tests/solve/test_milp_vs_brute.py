@@ -91,13 +91,17 @@ def test_memory_rows_and_evaluator_match_simulator():
     for p in candidate_problems(synth(5, 5), CLUSTER, **KW)[:5]:
         b, ev = milp._Build(p, budget=1 << 40, ahead=p.n, t_ub=None), Evaluator(p)
         for _ in range(20):
-            ch = random_choice(p, r)
-            sim = [m.total for m in step_memory(p.scenario(ch))]
-            assert [int(m) for m in ev.moments(ch)] == sim
-            x = b.start(ch)
-            rows = [0.0] * len(sim)
-            for s, terms, const, gate in b.mem_rows:
-                if gate is None or sum(x[g] for g in gate) > 0.5:
-                    rows[s] = max(rows[s], const + sum(c * x[k] for k, c in terms.items()))
-            assert [v * milp.GiB for v in rows] == pytest.approx(sim, abs=64)
-            assert x[b.E[-1]] * b.tscale == pytest.approx(replay(p.scenario(ch)).step_seconds, rel=1e-12)
+            check_rows_and_evaluator(p, b, ev, random_choice(p, r))
+
+
+def check_rows_and_evaluator(p, b, ev, ch: Choice) -> None:
+    """The MILP's memory rows and start times, and greedy's evaluator, against the simulator."""
+    sim = [m.total for m in step_memory(p.scenario(ch))]
+    assert [int(m) for m in ev.moments(ch)] == sim
+    x = b.start(ch)
+    rows = [0.0] * len(sim)
+    for s, terms, const, gate in b.mem_rows:
+        if gate is None or sum(x[g] for g in gate) > 0.5:
+            rows[s] = max(rows[s], const + sum(c * x[k] for k, c in terms.items()))
+    assert [v * milp.GiB for v in rows] == pytest.approx(sim, abs=64)
+    assert x[b.E[-1]] * b.tscale == pytest.approx(replay(p.scenario(ch)).step_seconds, rel=1e-12)

@@ -33,15 +33,8 @@ def lever_plans(cfg: TrainConfig, world: int) -> dict[str, Plan]:
         ("blocks.0+", ("blocks.0", "blocks.1"), "full_shard_node", ("head",), ("embed",)),
         ("head", ("head",), "full_shard", (), ()),
     ])
-    ckpt = make_plan_by_hand(cfg, world=world, units=[
-        ("embed", ("embed",), "replicate", (), ()),
-        ("blocks.0", ("blocks.0",), "full_shard", ("blocks.1",), ()),
-        ("blocks.1", ("blocks.1",), "shard_grad_op", (), ()),
-        ("head", ("head",), "full_shard", (), ()),
-    ])
     return {"hybrid+ckpt": _on_nodes(hybrid, {"blocks.1", "head"}),
-            "node+ckpt": _on_nodes(node, {"blocks.0+"}),
-            "ckpt": _on_nodes(ckpt, {"blocks.0", "blocks.1", "head"})}
+            "node+ckpt": _on_nodes(node, {"blocks.0+"})}
 
 
 def lever_worker(ctx, cfg: TrainConfig, out: str) -> None:

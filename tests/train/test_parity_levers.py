@@ -23,7 +23,7 @@ def test_levers_match_single_process(tmp_path):
     out = tmp_path / "results.pt"
     launch(lever_worker, nproc=4, args=(cfg, str(out)))
     results = torch.load(out, weights_only=False)
-    assert set(results) == {"hybrid+ckpt", "node+ckpt", "ckpt"}
+    assert set(results) == {"hybrid+ckpt", "node+ckpt"}
     assert full_losses[-1] < full_losses[0] - 0.5
     for label, (losses, params) in results.items():
         assert len(losses) == 20
