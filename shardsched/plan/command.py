@@ -8,6 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from shardsched._fmt import fmt_bytes
 from shardsched.cost.bytes import parse_bytes
 from shardsched.cost.device import DEVICES, Cluster, read_cluster_file
 from shardsched.errors import UsageError
@@ -43,6 +44,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a("--wide", action="store_true", help="every column and every unit (default: 80 columns, identical units folded)")
     a("--out", default=None, help="also write the plan JSON to this file")
     a("--trace", default=None, help="write the simulated step as a Chrome trace (chrome://tracing, Perfetto)")
+    a("--png", default=None, help="draw the simulated step: compute and communication lanes, memory and budget")
 
 
 def cluster_from_args(args: argparse.Namespace, *, python_model: bool) -> Cluster:
@@ -86,8 +88,9 @@ def run_plan(args: argparse.Namespace) -> int:
     precision = Precision(args.precision or ("fp32" if cluster.device.name == "cpu" else "bf16-mixed"))
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
     existing = read_plan(args.plan) if args.plan else None  # validate input before any work
-    if args.out and not Path(args.out).parent.exists() and str(Path(args.out).parent) not in ("", "."):
-        raise UsageError(f"--out {args.out}: directory {Path(args.out).parent} does not exist")
+    for flag, path in (("--out", args.out), ("--png", args.png), ("--trace", args.trace)):
+        if path and not Path(path).parent.exists() and str(Path(path).parent) not in ("", "."):
+            raise UsageError(f"{flag} {path}: directory {Path(path).parent} does not exist")
     profile = profile_for(spec, micro_batch=args.micro_batch, seq=args.seq, device=cluster.device,
                           precision=precision, measure=args.measure)
     if existing is not None:
@@ -107,6 +110,8 @@ def run_plan(args: argparse.Namespace) -> int:
         # stderr: stdout may be the plan JSON itself
         sys.stderr.write(f"shardsched plan: wrote the simulated step to {args.trace} "
                          "(open it in https://ui.perfetto.dev or chrome://tracing)\n")
+    if args.png:
+        write_png_for(args.png, plan, profile, cluster)
     if args.json:
         sys.stdout.write(plan.to_json() + "\n")
     else:
@@ -132,6 +137,26 @@ def reevaluate(plan: Plan, profile, cluster: Cluster, budget: int | None) -> Pla
     return plan_from_scenario(sc, profile=profile, memory_budget_bytes=budget or plan.memory_budget_bytes,
                               solver=plan.solver, precision=plan.precision, optimizer=plan.optimizer,
                               notes=plan.notes)
+
+
+def write_png_for(path: str, plan: Plan, profile, cluster: Cluster) -> None:
+    """The step picture (`sim.plot`), written via a temporary file and a rename."""
+    from shardsched.sim.plot import step_png
+    from shardsched.sim.simulate import simulate
+
+    sc = scenario_for(plan, profile, cluster)
+    res = simulate(sc)
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", prefix=f".{target.name}.")
+    os.close(fd)
+    try:
+        step_png(tmp, sc, res.timeline, res.memory, budget=plan.memory_budget_bytes,
+                 title=f"{plan.model}: {plan.world} x {plan.device}, step {res.predicted.step_seconds * 1e3:.1f} ms, "
+                       f"peak {fmt_bytes(res.predicted.peak_bytes)}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def write_trace_for(path: str, plan: Plan, profile, cluster: Cluster) -> None:

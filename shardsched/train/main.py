@@ -41,6 +41,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     a("--plan", default=None,
       help="plan.json to apply (from `shardsched plan --json`; with --resume: default the saved run's plan)")
     a("--memory-budget", default=None, help="per-worker memory budget, e.g. 2GiB, 512MiB")
+    a("--gpus-per-node", type=int, default=None,
+      help="workers per node; must divide the world (default: all workers on one node)")
     a("--run-dir", default=None, help="output directory (default runs/<timestamp>; with --resume: that run)")
     a("--checkpoint-every", type=int, default=None, help="save a checkpoint every N steps (default 0: never)")
     a("--resume", default=None, metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest usable checkpoint")
@@ -89,7 +91,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     run_dir = args.run_dir or resumed_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
     return TrainConfig(**values, strategy=args.strategy, plan=args.plan, memory_budget_bytes=budget,
                        run_dir=run_dir, resume=args.resume, quiet=args.quiet,
-                       log_every=getattr(args, "log_every", 0))
+                       log_every=getattr(args, "log_every", 0),
+                       gpus_per_node=getattr(args, "gpus_per_node", None))
 
 
 def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
@@ -107,6 +110,9 @@ def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
             raise UsageError(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(cfg, name)}")
     if cfg.lr <= 0:
         raise UsageError(f"--lr must be positive, got {cfg.lr}")
+    if cfg.gpus_per_node is not None and (cfg.gpus_per_node < 1 or world % cfg.gpus_per_node):
+        raise UsageError(f"--gpus-per-node {cfg.gpus_per_node} must divide the world {world} "
+                         f"(accepted: a divisor, e.g. 2 for 4 workers as 2 nodes of 2)")
     if cfg.plan is None:
         parse_strategy_spec(cfg.strategy or "auto")
     run_device(cfg)  # a bad --cluster file is one line here

@@ -114,7 +114,7 @@ def make_local_plan(cfg: TrainConfig, built: Built, *, world: int, profile: Prof
     precision = Precision(cfg.precision)
     device = run_device(cfg)
     profile = profile or local_profile(cfg, built, world=world, device=device)
-    cluster = Cluster(world=world, gpus_per_node=world, device=device)
+    cluster = Cluster(world=world, gpus_per_node=cfg.gpus_per_node or world, device=device)
     budget, notes = cfg.memory_budget_bytes, ()
     if cfg.strategy in (None, "auto") and budget is None:
         budget = default_budget(profile, cluster, precision=precision, optimizer=Optimizer.ADAM)

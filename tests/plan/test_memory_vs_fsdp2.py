@@ -40,7 +40,11 @@ def measured_and_predicted(cfg: GPTConfig, micro_batch: int, world: int, strateg
     profile = measure_profile(GPT(cfg), (x, y), name="t", repeats=1, warmup=0, compute_dtype=dtype)
     plan = make_plan(profile, Cluster(world=world, gpus_per_node=world, device=DEVICES["cpu"]),
                      strategy=strategy, precision=precision, optimizer=optimizer, fuse=False)
-    model = GPT(cfg)
+    return fsdp_peak(GPT(cfg), plan, world, x, y, optimizer), plan.predicted.peak_bytes
+
+
+def fsdp_peak(model, plan, world: int, x, y, optimizer: str) -> int:
+    """FSDPMemTracker's peak of two steps of `plan` on rank 0 of a fake world."""
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     try:
         parallelize(model, plan, mesh=init_device_mesh("cpu", (world,)))
@@ -52,10 +56,9 @@ def measured_and_predicted(cfg: GPTConfig, micro_batch: int, world: int, strateg
             opt.step()
             opt.zero_grad()
 
-        measured = tracked_peak_bytes(model, opt, step, steps=2, inputs=(x, y))["Total"]
+        return tracked_peak_bytes(model, opt, step, steps=2, inputs=(x, y))["Total"]
     finally:
         dist.destroy_process_group()
-    return measured, plan.predicted.peak_bytes
 
 
 @pytest.mark.parametrize("world", [8, 64])
