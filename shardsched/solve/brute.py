@@ -32,7 +32,8 @@ def _launch_options(p: Problem, strategies) -> list[list]:
 def _ckpt_options(p: Problem):
     if not p.checkpointable:
         return [()]
-    return [c if any(c) else () for c in itertools.product((False, True), repeat=p.n)]
+    options = [(False, True) if p.can_checkpoint(i) else (False,) for i in range(p.n)]  # never the root
+    return [c if any(c) else () for c in itertools.product(*options)]
 
 
 def brute(p: Problem, *, budget: int) -> BruteResult:

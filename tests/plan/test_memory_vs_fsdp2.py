@@ -7,15 +7,14 @@ and reduce buffers), and the collectives are no-ops.
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from shardsched.cost.device import DEVICES, Cluster
 from shardsched.solve.build import make_plan
 from shardsched.profile.measure import measure_profile
 from shardsched.runtime.memtrack import tracked_peak_bytes
-from shardsched.runtime.parallelize import parallelize
 from shardsched.models.gpt import GPT, GPTConfig
+from ._fsdp2 import parallelize_on_fake_pg
 
 CONFIGS = {
     # activation-heavy MLPs
@@ -47,7 +46,7 @@ def fsdp_peak(model, plan, world: int, x, y, optimizer: str) -> int:
     """FSDPMemTracker's peak of two steps of `plan` on rank 0 of a fake world."""
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     try:
-        parallelize(model, plan, mesh=init_device_mesh("cpu", (world,)))
+        parallelize_on_fake_pg(model, plan, world)
         opt = (torch.optim.Adam(model.parameters(), lr=1e-3) if optimizer == "adam"
                else torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9))
 
