@@ -1,6 +1,6 @@
 """Auto plan vs every baseline over a sweep of memory budgets.
 
-    python bench/bench_auto.py [--budgets 8] [--time-limit 10]
+    python bench/bench_auto.py [--budgets 8] [--time-limit 10] [--only multi]
 
 For each model config, budgets run from the least-memory plan's peak ("only
 full_shard fits") to above the replicate baseline's peak ("replicate fits").
@@ -31,33 +31,86 @@ CONFIGS = {  # name: (preset, world, gpus per node, device, micro batch, seq)
 }
 
 
+MULTI_NODE = {  # name: (preset, world, gpus per node, device, micro batch, seq, precision)
+    # 8 nodes of 8 A100s (200 Gb/s per GPU between nodes), LLaMA-7B, 2k tokens
+    "llama-7b/8 nodes/a100": ("llama-7b", 64, 8, "a100", 1, 2048, "bf16-mixed"),
+    # 32 nodes of 8 A100s, GPT-2 XL with short sequences: communication-bound
+    "gpt2-xl/32 nodes/a100": ("gpt2-xl", 256, 8, "a100", 1, 512, "bf16-mixed"),
+    # 32 nodes of 8 V100s (100 Gb/s), fp32 training: gradients and gathers of 4 bytes
+    "gpt2-xl/32 nodes/v100/fp32": ("gpt2-xl", 256, 8, "v100", 1, 512, "fp32"),
+}
+
+
 def setup(key: str):
-    preset, world, gpn, dev, mb, seq = CONFIGS[key]
+    if key in MULTI_NODE:
+        preset, world, gpn, dev, mb, seq, _ = MULTI_NODE[key]
+    else:
+        preset, world, gpn, dev, mb, seq = CONFIGS[key]
     prof = analytic_profile(PRESETS[preset], micro_batch=mb, seq=seq, device=DEVICES[dev])
     return prof, Cluster(world=world, gpus_per_node=gpn, device=DEVICES[dev])
 
 
-def budget_sweep(prof, cl, *, count: int) -> list[int]:
-    kw = dict(pins={}, precision=Precision.BF16_MIXED, optimizer=Optimizer.ADAM)
-    lo = min(Evaluator(p).peak(least_memory(p)) for p in candidate_problems(prof, cl, **kw))
+def budget_sweep(prof, cl, *, count: int, precision: Precision = Precision.BF16_MIXED) -> list[int]:
+    kw = dict(pins={}, precision=precision, optimizer=Optimizer.ADAM)
+    lo = min(Evaluator(p).peak(least_memory(p._replace(checkpointable=True)))
+             for p in candidate_problems(prof, cl, **kw))
     hi = max(s.peak for s in uniform_baselines(prof, cl, **kw)) * 1.02
     return [int(lo * (hi / lo) ** (k / (count - 1))) for k in range(count)]
 
 
-def row(prof, cl, budget: int, *, time_limit: float):
+def row(prof, cl, budget: int, *, time_limit: float, precision: Precision = Precision.BF16_MIXED):
     """(auto seconds, {baseline: seconds or None}, auto plan)."""
-    kw = dict(pins={}, precision=Precision.BF16_MIXED, optimizer=Optimizer.ADAM)
+    kw = dict(pins={}, precision=precision, optimizer=Optimizer.ADAM)
     base = {s.name: (s.seconds if s.peak <= budget else None) for s in uniform_baselines(prof, cl, **kw)}
-    plan = auto_plan(prof, cl, spec=parse_strategy_spec("auto"), precision=Precision.BF16_MIXED,
+    plan = auto_plan(prof, cl, spec=parse_strategy_spec("auto"), precision=precision,
                      optimizer=Optimizer.ADAM, memory_budget_bytes=budget, time_limit=time_limit)
     return plan.predicted.step_seconds, base, plan
+
+
+OLD = ("replicate", "shard_grad_op", "full_shard")
+
+
+def multi_node(key: str, *, count: int, time_limit: float) -> tuple[bool, float]:
+    """The multi-node sweep: auto against every uniform configuration (old and new, +ckpt).
+    Returns (auto never slower than a fitting configuration, best speedup over the old three)."""
+    from shardsched.tradeoff.sweep import mix_label
+    prof, cl = setup(key)
+    precision = Precision(MULTI_NODE[key][6])
+    print(f"\n{key}  ({cl.nodes} nodes of {cl.gpus_per_node}; step seconds; '-' = does not fit)")
+    never_worse, best_gain = True, 0.0
+    header = None
+    for b in budget_sweep(prof, cl, count=count, precision=precision):
+        t0 = time.perf_counter()
+        t, base, plan = row(prof, cl, b, time_limit=time_limit, precision=precision)
+        if header is None:
+            header = list(base)
+            print(f"{'budget GiB':>10} {'auto':>8} " + " ".join(f"{k[:13]:>13}" for k in header)
+                  + f" {'old best/auto':>13} {'plan s':>7} {'gap':>8}  auto mix")
+        fit = [v for v in base.values() if v is not None]
+        never_worse &= all(t <= v * (1 + 1e-9) for v in fit)
+        old = [base[k] for k in OLD if base[k] is not None]
+        gain = min(old) / t if old else float("nan")
+        best_gain = max(best_gain, gain) if old else best_gain
+        gap = "n/a" if plan.solver.gap is None else f"{plan.solver.gap:.1e}"
+        print(f"{b / GiB:10.2f} {t:8.4f} " + " ".join(f"{base[k]:13.4f}" if base[k] else f"{'-':>13}" for k in header)
+              + f" {gain:13.3f} {time.perf_counter() - t0:7.2f} {gap:>8}  {mix_label(plan)}")
+    print(f"auto <= every fitting uniform configuration: {never_worse}; "
+          f"best speedup over the best fitting old uniform strategy: {best_gain:.3f}x")
+    return never_worse, best_gain
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budgets", type=int, default=8)
     ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--only", choices=["single", "multi"], default=None,
+                    help="only the original sweep, or only the multi-node one")
     args = ap.parse_args()
+    if args.only != "single":
+        for key in MULTI_NODE:
+            multi_node(key, count=args.budgets, time_limit=args.time_limit)
+    if args.only == "multi":
+        return
     for key in CONFIGS:
         prof, cl = setup(key)
         print(f"\n{key}  (auto / baseline step time; '-' = does not fit)")

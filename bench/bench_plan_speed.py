@@ -16,9 +16,14 @@ CASES = [  # preset, world, gpus per node, device, micro batch, seq, budget GiB,
     ("tiny", 8, 8, "cpu", 4, 128, 1, 1.0),
     ("small", 8, 8, "cpu", 4, 256, 2, 1.0),
     ("llama-7b", 64, 8, "a100", 1, 4096, 40, 10.0),
-    # GPT-3 at seq 2048 keeps ~72 GiB of activations without recomputation: 80 GiB does not
-    # fit; seq 1024 does (the planner's InfeasibleBudget says so for 2048).
+    # 32 nodes: the node-aware strategies and checkpointing enlarge the choice set (issue 10)
+    ("llama-7b", 256, 8, "a100", 1, 4096, 40, 10.0),
+    ("llama-7b", 256, 8, "a100", 1, 4096, 16, 10.0),
+    # GPT-3 at seq 2048 keeps ~72 GiB of activations without recomputation: 80 GiB fits
+    # only with checkpointing; seq 1024 fits without.
     ("gpt3-175b", 1024, 8, "h100", 1, 1024, 80, 10.0),
+    # seq 2048 fits 80 GiB only by checkpointing
+    ("gpt3-175b", 1024, 8, "h100", 1, 2048, 80, 10.0),
 ]
 
 
@@ -35,7 +40,9 @@ def main() -> None:
         gap = "n/a" if s.gap is None else f"{s.gap:.2e}"
         print(f"{preset:>10} {world:>6} {budget:>6}G {len(plan.units):>6} {dt:7.2f} {limit:6.1f} {s.name:>8} "
               f"{s.status:>20} {gap:>9} {plan.predicted.step_seconds:8.4f} "
-              f"{plan.predicted.peak_bytes / GiB:9.2f}{'' if dt < limit else '  SLOW'}")
+              f"{plan.predicted.peak_bytes / GiB:9.2f}{'' if dt < limit else '  SLOW'}  "
+              f"{sum(u.checkpoint for u in plan.units)} ckpt, "
+              f"{sorted({u.strategy.label for u in plan.units})}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ COMMANDS = {
              "plan strategies, units and prefetch for a model and cluster"),
     "train": ("shardsched.train.main", "add_train_arguments", "run_train",
               "train with a plan on real workers (default: 2 CPU workers, small GPT)"),
+    "tradeoff": ("shardsched.tradeoff.command", "add_tradeoff_arguments", "run_tradeoff",
+                 "step time against memory budget: the auto plan and every uniform configuration (CSV, PNG)"),
     "bench": ("shardsched.train.bench", "add_bench_arguments", "run_bench",
               "train under each uniform strategy and a plan; compare time and memory"),
     "profile": ("shardsched.profile.command", "add_profile_arguments", "run_profile",

@@ -24,6 +24,35 @@ class Strategy(str, enum.Enum):
     """ZeRO-2: gathered once before forward, kept until its backward ends."""
     FULL_SHARD = "full_shard"
     """ZeRO-3: gathered before forward, freed after it, gathered again for backward."""
+    FULL_SHARD_NODE = "full_shard_node"
+    """ZeRO-3 sharded over the world, resharded to the node after forward (ZeRO++ hpZ,
+    FSDP2 `reshard_after_forward=gpus_per_node`): a node-sized shard stays resident
+    until backward, whose AllGather is intra-node. Printed `full_shard/node`."""
+    HYBRID_SHARD = "hybrid_shard"
+    """HSDP (MiCS): full_shard inside the node, replicated across nodes; gradients
+    reduce-scattered inside the node, then all-reduced across nodes."""
+    HYBRID_SHARD_GRAD_OP = "hybrid_shard_grad_op"
+    """HSDP with shard_grad_op inside the node: gathered once, kept until backward ends."""
+
+    @property
+    def label(self) -> str:
+        """How reports print it (`full_shard/node`); the value is what JSON holds."""
+        return "full_shard/node" if self is Strategy.FULL_SHARD_NODE else self.value
+
+    @property
+    def gathers_for_backward(self) -> bool:
+        """Freed (or resharded) after forward, so backward gathers it again."""
+        return self in (Strategy.FULL_SHARD, Strategy.FULL_SHARD_NODE, Strategy.HYBRID_SHARD)
+
+    @property
+    def multi_node(self) -> bool:
+        """Only meaningful when the world spans more than one node."""
+        return self in (Strategy.FULL_SHARD_NODE, Strategy.HYBRID_SHARD, Strategy.HYBRID_SHARD_GRAD_OP)
+
+    @classmethod
+    def parse(cls, word: str) -> "Strategy":
+        """A value or a printed label (`full_shard/node`); ValueError otherwise."""
+        return cls("full_shard_node" if word == "full_shard/node" else word)
 
 
 class Precision(str, enum.Enum):
@@ -56,6 +85,9 @@ class Unit:
     """Units whose AllGather is launched at the start of this unit's forward."""
     backward_prefetch: tuple[str, ...] = ()
     """Units whose AllGather is launched at the start of this unit's backward."""
+    checkpoint: bool = False
+    """Activation checkpointing of each of its layers: forward keeps only the layers'
+    inputs, backward recomputes the forward first (absent in older plans: off)."""
 
 
 @dataclass(frozen=True, kw_only=True)

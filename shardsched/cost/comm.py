@@ -43,6 +43,18 @@ def collective_seconds(kind: Collective, nbytes: float, cluster: Cluster) -> flo
             + _ring(dev.intra, g, nbytes, passes=passes))
 
 
+def node_seconds(kind: Collective, nbytes: float, cluster: Cluster) -> float:
+    """A collective inside one node only (HSDP's shard group, hpZ's post-forward group):
+    an intra-node ring over the node's workers, whatever the world."""
+    return _ring(cluster.device.intra, cluster.local, nbytes, passes=2 if kind is Collective.ALL_REDUCE else 1)
+
+
+def across_seconds(kind: Collective, nbytes: float, cluster: Cluster) -> float:
+    """A collective among the workers of equal local rank, one per node (HSDP's
+    replicate group): an inter-node ring over `nodes` workers carrying `nbytes`."""
+    return _ring(cluster.device.inter, cluster.nodes, nbytes, passes=2 if kind is Collective.ALL_REDUCE else 1)
+
+
 def block_size_bytes(cluster: Cluster, *, efficiency: float = 0.9) -> int:
     """Smallest AllGather message reaching `efficiency` of asymptotic bandwidth.
 

@@ -42,9 +42,14 @@ def state_bytes(precision: Precision, optimizer: Optimizer) -> StateBytes:
                       unsharded_param=compute, unsharded_grad=compute, reduce=4)
 
 
-def shards(strategy: Strategy, world: int) -> int:
-    """How many ways a unit's persistent state is split."""
-    return 1 if strategy is Strategy.REPLICATE else world
+def shards(strategy: Strategy, world: int, *, local: int | None = None) -> int:
+    """How many ways a unit's persistent state is split (hybrid strategies: over the
+    `local` workers of a node, `cost.strategy`)."""
+    if strategy is Strategy.REPLICATE:
+        return 1
+    if local is not None and strategy in (Strategy.HYBRID_SHARD, Strategy.HYBRID_SHARD_GRAD_OP):
+        return local
+    return world
 
 
 def shard_numel(params: int, dims: tuple[tuple[int, int], ...], n: int) -> int:
@@ -60,6 +65,8 @@ def shard_numel(params: int, dims: tuple[tuple[int, int], ...], n: int) -> int:
 
 
 def model_states_bytes(params: int, strategy: Strategy, world: int, sb: StateBytes,
-                       dims: tuple[tuple[int, int], ...] = ()) -> int:
-    """ZeRO's "model states" of a unit at rest, per worker (padded as FSDP2 pads shards)."""
-    return sb.at_rest * shard_numel(params, dims, shards(strategy, world))
+                       dims: tuple[tuple[int, int], ...] = (), *,
+                       local: int | None = None) -> int:
+    """ZeRO's "model states" of a unit at rest, per worker (padded as FSDP2 pads shards,
+    over the strategy's shard count: world, or `local` for the hybrid strategies)."""
+    return sb.at_rest * shard_numel(params, dims, shards(strategy, world, local=local))

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
+from shardsched._fmt import fmt_bytes
 from shardsched.cost.bytes import parse_bytes
 from shardsched.cost.device import DEVICES, Cluster, read_cluster_file
 from shardsched.errors import UsageError
@@ -47,6 +50,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a("--wide", action="store_true", help="every column and every unit (default: 80 columns, identical units folded)")
     a("--out", default=None, help="also write the plan JSON to this file")
     a("--trace", default=None, help="write the simulated step as a Chrome trace (chrome://tracing, Perfetto)")
+    a("--png", default=None, help="draw the simulated step: compute and communication lanes, memory and budget")
 
 
 def cluster_from_args(args: argparse.Namespace, *, python_model: bool) -> Cluster:
@@ -82,8 +86,8 @@ def check_plan_flags(args: argparse.Namespace) -> None:
     check_int("micro_batch", args.micro_batch, lo=1, hi=MAX_WORLD)
     check_int("seq", args.seq, lo=1, hi=MAX_WORLD)
     check_positive_float("time_limit", args.time_limit)
-    for name in ("out", "trace"):
-        if getattr(args, name) is not None:
+    for name in ("out", "trace", "png"):
+        if getattr(args, name, None) is not None:
             check_writable_file(getattr(args, name), flag(name))
     if args.out and args.trace and Path(args.out).resolve() == Path(args.trace).resolve():
         raise UsageError(f"--out and --trace name the same file {args.out}; accepted: two different paths")
@@ -116,6 +120,8 @@ def run_plan(args: argparse.Namespace) -> int:
         # stderr: stdout may be the plan JSON itself
         sys.stderr.write(f"shardsched plan: wrote the simulated step to {args.trace} "
                          "(open it in https://ui.perfetto.dev or chrome://tracing)\n")
+    if args.png:
+        write_png_for(args.png, plan, profile, cluster)
     if args.json:
         sys.stdout.write(plan.to_json() + "\n")
     else:
@@ -155,6 +161,26 @@ def reevaluate(plan: Plan, profile, cluster: Cluster, budget: int | None) -> Pla
 def _layer_order(layers) -> list[str]:
     """Layer names depth-first (a partitioned layer, then its children): execution order."""
     return [n for layer in layers for n in (layer.name, *_layer_order(layer.children))]
+
+
+def write_png_for(path: str, plan: Plan, profile, cluster: Cluster) -> None:
+    """The step picture (`sim.plot`), written via a temporary file and a rename."""
+    from shardsched.sim.plot import step_png
+    from shardsched.sim.simulate import simulate
+
+    sc = scenario_for(plan, profile, cluster)
+    res = simulate(sc)
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", prefix=f".{target.name}.")
+    os.close(fd)
+    try:
+        step_png(tmp, sc, res.timeline, res.memory, budget=plan.memory_budget_bytes,
+                 title=f"{plan.model}: {plan.world} x {plan.device}, step {res.predicted.step_seconds * 1e3:.1f} ms, "
+                       f"peak {fmt_bytes(res.predicted.peak_bytes)}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def write_trace_for(path: str, plan: Plan, profile, cluster: Cluster) -> None:

@@ -18,7 +18,8 @@ from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
 from shardsched.core.types import Plan, Strategy
 from shardsched.profile.types import Profile
-from shardsched.sim.timeline import collective_time, reduce_kind
+from shardsched.cost.strategy import reduce_kind, shard_count
+from shardsched.sim.timeline import collective_time, gather_bytes, reduce_bytes
 
 NARROW_COLUMNS = ("unit", "strategy", "params", "at rest", "comm", "prefetch")
 WIDE_COLUMNS = ("unit", "layers", "params", "strategy", "at rest", "unsharded", "fwd", "bwd",
@@ -35,24 +36,31 @@ def _unit_rows(plan: Plan, profile: Profile, cluster: Cluster) -> list[dict]:
     index = {u.name: i for i, u in enumerate(plan.units)}
     rows = []
     for i, (u, c) in enumerate(zip(plan.units, sc.units)):
-        shards = 1 if u.strategy is Strategy.REPLICATE else plan.world
-        n_ag = {Strategy.REPLICATE: 0, Strategy.SHARD_GRAD_OP: 1, Strategy.FULL_SHARD: 2}[u.strategy]
+        shards = shard_count(u.strategy, cluster)
+        n_ag = 0 if u.strategy is Strategy.REPLICATE else (2 if u.strategy.gathers_for_backward else 1)
         kind = reduce_kind(u.strategy)
-        ag_s, red_s = collective_time(sc, Collective.ALL_GATHER, i), collective_time(sc, kind, i)
-        ag_b, red_b = u.params * sb.unsharded_param, u.params * sb.reduce
+        ag_f = collective_time(sc, Collective.ALL_GATHER, i)
+        ag_bw = collective_time(sc, Collective.ALL_GATHER, i, backward=True) if n_ag == 2 else 0.0
+        red_s = collective_time(sc, kind, i)
+        ag_b, red_b = gather_bytes(sc, i), reduce_bytes(sc, i)  # dim 0 padded to the shard count
+        ag_s = fmt_seconds(ag_f)
+        if u.strategy is Strategy.FULL_SHARD_NODE:  # the backward one is intra-node
+            ag_s += "+" + fmt_seconds(ag_bw)
         red = f"{fmt_bytes(red_b)} {fmt_seconds(red_s)}"
         offsets = (tuple(index[n] - i for n in u.forward_prefetch), tuple(index[n] - i for n in u.backward_prefetch))
+        label = u.strategy.label + ("+ckpt" if u.checkpoint else "")
         rows.append({
-            "unit": u.name, "layers": str(len(u.layers)), "params": fmt_count(u.params), "strategy": u.strategy.value,
-            "at rest": fmt_bytes(sb.at_rest * -(-u.params // shards)), "unsharded": fmt_bytes(ag_b),
-            "fwd": fmt_seconds(c.forward_seconds), "bwd": fmt_seconds(c.backward_seconds),
-            "AllGather": f"{n_ag}x {fmt_bytes(ag_b)} {fmt_seconds(ag_s)}" if n_ag else "-",
+            "unit": u.name, "layers": str(len(u.layers)), "params": fmt_count(u.params), "strategy": label,
+            "at rest": fmt_bytes(sb.at_rest * c.shard_numel(shards)), "unsharded": fmt_bytes(ag_b),
+            "fwd": fmt_seconds(c.forward_seconds), "bwd": fmt_seconds(sc.backward_seconds(i)),
+            "AllGather": f"{n_ag}x {fmt_bytes(ag_b)} {ag_s}" if n_ag else "-",
             "ReduceScatter": red if kind is Collective.REDUCE_SCATTER else "-",
             "AllReduce": red if kind is Collective.ALL_REDUCE else "-",
-            "comm": fmt_seconds(n_ag * ag_s + red_s),
+            "comm": fmt_seconds(ag_f + ag_bw + red_s),
             "prefetch": f"{','.join(u.forward_prefetch) or '-'} / {','.join(u.backward_prefetch) or '-'}",
             "offsets": f"{_offsets(offsets[0])} / {_offsets(offsets[1])}",
-            "key": (u.strategy, u.params, len(u.layers), offsets, c.forward_seconds, c.backward_seconds),
+            "key": (u.strategy, u.checkpoint, u.params, len(u.layers), offsets, c.forward_seconds,
+                    c.backward_seconds),
         })
     return rows
 

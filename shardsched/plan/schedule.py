@@ -11,7 +11,8 @@ import dataclasses
 
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
-from shardsched.core.types import Plan, Strategy, Unit
+from shardsched.cost.strategy import shard_count
+from shardsched.core.types import Plan, Unit
 from shardsched.plan.units import unit_cost
 from shardsched.profile.types import Profile
 from shardsched.sim.scenario import Scenario, UnitCost
@@ -42,7 +43,7 @@ def scenario_for(plan: Plan, profile: Profile, cluster: Cluster) -> Scenario:
     costs = unit_costs(plan, profile)
     n, index = len(plan.units), {u.name: i for i, u in enumerate(plan.units)}
     fwd = list(range(n))
-    bwd: list[int | None] = [2 * n - 1 - i if u.strategy is Strategy.FULL_SHARD else None
+    bwd: list[int | None] = [2 * n - 1 - i if u.strategy.gathers_for_backward else None
                              for i, u in enumerate(plan.units)]
     for j, u in enumerate(plan.units):
         for name in u.forward_prefetch:
@@ -52,7 +53,7 @@ def scenario_for(plan: Plan, profile: Profile, cluster: Cluster) -> Scenario:
             if bwd[i] is not None:
                 bwd[i] = min(bwd[i], 2 * n - 1 - j)
     return make_scenario(costs, [u.strategy for u in plan.units], fwd, bwd, plan=plan,
-                         profile=profile, cluster=cluster)
+                         profile=profile, cluster=cluster, checkpoint=[u.checkpoint for u in plan.units])
 
 
 def optimizer_seconds_per_param(sb, cluster: Cluster) -> float:
@@ -61,7 +62,7 @@ def optimizer_seconds_per_param(sb, cluster: Cluster) -> float:
 
 
 def make_scenario(costs, strategies, fwd, bwd, *, plan: Plan | None = None, profile: Profile,
-                  cluster: Cluster, precision=None, optimizer=None) -> Scenario:
+                  cluster: Cluster, precision=None, optimizer=None, checkpoint=()) -> Scenario:
     precision = precision or plan.precision
     optimizer = optimizer or plan.optimizer
     half = cluster.device.unit_overhead_seconds / 2  # FSDP2's host work, split over forward and backward
@@ -69,13 +70,13 @@ def make_scenario(costs, strategies, fwd, bwd, *, plan: Plan | None = None, prof
         costs = [dataclasses.replace(c, forward_seconds=c.forward_seconds + half,
                                      backward_seconds=c.backward_seconds + half) for c in costs]
     sb = state_bytes(precision, optimizer)
-    shard_params = sum(c.shard_numel(1 if s is Strategy.REPLICATE else cluster.world)
-                       for c, s in zip(costs, strategies))
+    shard_params = sum(c.shard_numel(shard_count(s, cluster)) for c, s in zip(costs, strategies))
     opt_seconds = shard_params * optimizer_seconds_per_param(sb, cluster)
     return Scenario(units=tuple(costs), strategies=tuple(strategies), forward_launch=tuple(fwd),
                     backward_launch=tuple(bwd), cluster=cluster, state=sb,
                     input_bytes=profile.input_bytes, optimizer_seconds=opt_seconds,
-                    optimizer_workspace_factor=OPTIMIZER_WORKSPACE_FACTOR[optimizer.value])
+                    optimizer_workspace_factor=OPTIMIZER_WORKSPACE_FACTOR[optimizer.value],
+                    checkpoint=tuple(checkpoint) if any(checkpoint) else ())
 
 
 def units_with_schedule(sc: Scenario) -> tuple[Unit, ...]:
@@ -91,5 +92,6 @@ def units_with_schedule(sc: Scenario) -> tuple[Unit, ...]:
         if bl is not None and bl != sc.b_step(i):
             bwd_lists[2 * n - 1 - bl].append(sc.units[i].name)
     return tuple(Unit(name=c.name, layers=c.layers, strategy=s, params=c.params,
-                      forward_prefetch=tuple(fwd_lists[i]), backward_prefetch=tuple(bwd_lists[i]))
+                      forward_prefetch=tuple(fwd_lists[i]), backward_prefetch=tuple(bwd_lists[i]),
+                      checkpoint=sc.ckpt(i))
                  for i, (c, s) in enumerate(zip(sc.units, sc.strategies)))

@@ -4,9 +4,12 @@
     auto
     full_shard,blocks.0-3=replicate,head=shard_grad_op
     shard_grad_op,blocks.*=full_shard
+    hybrid_shard+ckpt,head=full_shard/node
 
 A key is a layer path, a range `prefix.A-B` (prefix.A .. prefix.B), or an
-fnmatch pattern. Later overrides win.
+fnmatch pattern. Later overrides win. A strategy word may end in `+ckpt`:
+those layers are activation-checkpointed. Under `auto` the planner chooses
+checkpointing itself (a `+ckpt` override pins the strategy only).
 """
 from __future__ import annotations
 
@@ -17,8 +20,10 @@ from dataclasses import dataclass, field
 from shardsched.errors import UsageError
 from shardsched.core.types import Strategy
 
-ACCEPTED = ("accepted: auto | replicate | shard_grad_op | full_shard, optionally followed by "
+ACCEPTED = ("accepted: auto | replicate | shard_grad_op | full_shard | full_shard/node | hybrid_shard | "
+            "hybrid_shard_grad_op, each optionally +ckpt, optionally followed by "
             "',LAYERS=STRATEGY' overrides where LAYERS is a layer path, prefix.A-B or a glob")
+CKPT = "+ckpt"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +31,8 @@ class StrategySpec:
     default: Strategy | None
     """None means "auto": the planner chooses."""
     overrides: tuple[tuple[str, Strategy], ...] = field(default_factory=tuple)
+    checkpoint: tuple[tuple[str, bool], ...] = field(default_factory=tuple)
+    """(layer key, checkpointed) in order, "*" first for the default word; later wins."""
 
     @property
     def auto(self) -> bool:
@@ -42,10 +49,18 @@ class StrategySpec:
                 out[name] = strat
         return out
 
+    def checkpointed(self, layers: list[str]) -> dict[str, bool]:
+        """Whether each layer is activation-checkpointed (keys already checked by `for_layers`)."""
+        out = {name: False for name in layers}
+        for key, on in self.checkpoint:
+            for name in _match(key, layers):
+                out[name] = on
+        return out
+
 
 def _strategy(word: str) -> Strategy:
     try:
-        return Strategy(word.strip())
+        return Strategy.parse(word.strip().removesuffix(CKPT))
     except ValueError:
         raise UsageError(f"unknown strategy {word.strip()!r}; {ACCEPTED}") from None
 
@@ -57,14 +72,17 @@ def parse_strategy_spec(spec: str) -> StrategySpec:
     head, rest = parts[0], parts[1:]
     if "=" in head:  # only overrides: the planner chooses the rest
         head, rest = "auto", parts
+    if head == "auto" + CKPT:
+        raise UsageError(f"auto chooses checkpointing itself: drop {CKPT}; {ACCEPTED}")
     default = None if head == "auto" else _strategy(head)
-    overrides = []
+    overrides, ckpt = [], [("*", True)] if head.endswith(CKPT) else []
     for p in rest:
         key, sep, word = p.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"malformed strategy override {p!r}; {ACCEPTED}")
         overrides.append((key.strip(), _strategy(word)))
-    return StrategySpec(default=default, overrides=tuple(overrides))
+        ckpt.append((key.strip(), word.strip().endswith(CKPT)))
+    return StrategySpec(default=default, overrides=tuple(overrides), checkpoint=tuple(ckpt))
 
 
 _RANGE = re.compile(r"^(.*?)(\d+)-(\d+)$")

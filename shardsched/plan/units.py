@@ -12,7 +12,9 @@ The layer "" (profile/layers.py: parameters no layer owns, tied sets spanning
 layers) is `fully_shard(model)` itself, applied last. It is never fused with other
 layers, and FSDP2 never reshards the root after forward (`FSDPState._lazy_init`
 clears the root's post-forward mesh: its parameters would be gathered again at once
-for backward), so a full_shard root runs as shard_grad_op and is planned as such.
+for backward), so a full_shard or full_shard_node root runs as shard_grad_op, a
+hybrid_shard root as hybrid_shard_grad_op, and is planned as such. The root is never
+checkpointed: its forward is the whole model's, which checkpointing it would recompute.
 """
 from __future__ import annotations
 
@@ -26,10 +28,13 @@ ROOT = ""
 
 def root_strategy(strategy: Strategy) -> Strategy:
     """What the root unit runs as (see [Note: the root unit])."""
-    return Strategy.SHARD_GRAD_OP if strategy is Strategy.FULL_SHARD else strategy
+    if strategy in (Strategy.FULL_SHARD, Strategy.FULL_SHARD_NODE):
+        return Strategy.SHARD_GRAD_OP
+    return Strategy.HYBRID_SHARD_GRAD_OP if strategy is Strategy.HYBRID_SHARD else strategy
 
 
 def layer_strategies(profile: Profile, strategies: list[Strategy]) -> list[Strategy]:
+    """Per-layer strategies with the root's replaced by `root_strategy`."""
     return [root_strategy(s) if layer.name == ROOT else s for layer, s in zip(profile.layers, strategies)]
 
 
@@ -79,16 +84,18 @@ def unit_cost(layers: list[LayerProfile]) -> UnitCost:
                     backward_seconds=sum(layer.backward_seconds for layer in layers),
                     activation_bytes=sum(layer.activation_bytes for layer in layers),
                     lead_activation_bytes=sum(layer.activation_bytes for layer in layers[:-1]),
-                    workspace_bytes=workspace_bytes(layers))
+                    workspace_bytes=workspace_bytes(layers),
+                    input_bytes=sum(layer.input_bytes for layer in layers))
 
 
-def group_layers(profile: Profile, strategies: list[Strategy], *, block_params: int) -> list[list[int]]:
-    """Consecutive layer indices per unit: fuse same-strategy layers while the
-    unit is below `block_params` parameters (0 disables fusion)."""
+def group_layers(profile: Profile, strategies: list, *, block_params: int) -> list[list[int]]:
+    """Consecutive layer indices per unit: fuse layers of the same strategy (and
+    checkpointing, when `strategies` holds (strategy, checkpointed) pairs) while
+    the unit is below `block_params` parameters (0 disables fusion)."""
     groups: list[list[int]] = []
     for i, layer in enumerate(profile.layers):
         root = layer.name == ROOT or (groups and profile.layers[groups[-1][-1]].name == ROOT)
-        if (groups and not root and block_params > 0 and strategies[groups[-1][-1]] is strategies[i]
+        if (groups and not root and block_params > 0 and strategies[groups[-1][-1]] == strategies[i]
                 and sum(profile.layers[j].params for j in groups[-1]) < block_params):
             groups[-1].append(i)
         else:

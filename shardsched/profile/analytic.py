@@ -157,13 +157,14 @@ class _Ctx:
         return self.b * self.s
 
 
-def _leaf(name: str, *, params: int, fwd_seconds: float, act: int, largest: int = 0) -> LayerProfile:
+def _leaf(name: str, *, params: int, fwd_seconds: float, act: int, largest: int = 0, inp: int = 0) -> LayerProfile:
     return LayerProfile(name=name, params=params, forward_seconds=fwd_seconds,
-                        backward_seconds=2 * fwd_seconds, activation_bytes=act, workspace_bytes=2 * largest)
+                        backward_seconds=2 * fwd_seconds, activation_bytes=act, workspace_bytes=2 * largest,
+                        input_bytes=inp)
 
 
 def _parent(name: str, children: list[LayerProfile], *, extra_fwd: float = 0.0, extra_act: int = 0,
-            extra_bwd: float | None = None, largest: int = 0) -> LayerProfile:
+            extra_bwd: float | None = None, largest: int = 0, inp: int = 0) -> LayerProfile:
     """A layer whose costs are its children's plus what runs outside them; its
     workspace is its largest child's, or two of its own largest saved tensor."""
     return LayerProfile(
@@ -172,7 +173,7 @@ def _parent(name: str, children: list[LayerProfile], *, extra_fwd: float = 0.0, 
         forward_seconds=sum(c.forward_seconds for c in children) + extra_fwd,
         backward_seconds=sum(c.backward_seconds for c in children) + (2 * extra_fwd if extra_bwd is None else extra_bwd),
         activation_bytes=sum(c.activation_bytes for c in children) + extra_act,
-        children=tuple(children))
+        input_bytes=inp, children=tuple(children))
 
 
 def _block(ctx: _Ctx, prefix: str, shapes: dict[str, Shapes]) -> LayerProfile:
@@ -186,9 +187,10 @@ def _block(ctx: _Ctx, prefix: str, shapes: dict[str, Shapes]) -> LayerProfile:
         p = _count(child_shapes)
         flops = 2 * p * T + (attention_flops if child.endswith(".attn") else 0)
         kind = child.rsplit(".", 1)[1]
+        # Every child reads one (T, h) tensor of the residual stream (checkpointing keeps it).
         children.append(_leaf(child, params=p, fwd_seconds=flops / ctx.flops, act=acts[kind],
-                              largest=_largest_saved(cfg, kind, T, d, ctx.fused_rms)))
-    return _parent(prefix, children)
+                              largest=_largest_saved(cfg, kind, T, d, ctx.fused_rms), inp=T * cfg.hidden * d))
+    return _parent(prefix, children, inp=T * cfg.hidden * d)
 
 
 def _largest_saved(cfg: GPTConfig, kind: str, tokens: int, d: int, fused_rms: bool) -> int:
@@ -221,11 +223,13 @@ def _head(ctx: _Ctx, shapes: dict[str, Shapes]) -> LayerProfile:
     saves log_softmax's fp32 (T, vocab) output (logits are upcast before it)."""
     cfg, T, d = ctx.cfg, ctx.tokens, ctx.d
     ln_p, out_p = _count(shapes["head.ln"]), _count(shapes["head.out"])
-    ln = _leaf("head.ln", params=ln_p, fwd_seconds=2 * ln_p * T / ctx.flops, act=_norm_act(cfg, T, d, ctx.fused_rms))
-    out = _leaf("head.out", params=out_p, fwd_seconds=2 * cfg.hidden * cfg.vocab * T / ctx.flops, act=T * cfg.hidden * d)
+    x = T * cfg.hidden * d  # the (T, h) input: what a checkpointed head keeps (targets are example input)
+    ln = _leaf("head.ln", params=ln_p, fwd_seconds=2 * ln_p * T / ctx.flops, act=_norm_act(cfg, T, d, ctx.fused_rms),
+               inp=x)
+    out = _leaf("head.out", params=out_p, fwd_seconds=2 * cfg.hidden * cfg.vocab * T / ctx.flops, act=x, inp=x)
     ce_seconds = 3 * T * cfg.vocab * 4 / ctx.bandwidth  # read logits, write fp32 copy and log-probs
     # + 4: nll_loss's 0-d fp32 total_weight; targets are example input (input_bytes).
-    return _parent("head", [ln, out], extra_fwd=ce_seconds, extra_act=4 * T * cfg.vocab + 4,
+    return _parent("head", [ln, out], extra_fwd=ce_seconds, extra_act=4 * T * cfg.vocab + 4, inp=x,
                    largest=4 * T * cfg.vocab)
 
 

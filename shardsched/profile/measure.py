@@ -76,6 +76,7 @@ class _Hooks:
         self.layer_set = set(layers)
         self.parent = {c: layer for layer, cs in children.items() for c in cs}
         self.first_seen: dict[str, int] = {}
+        self.input_bytes: dict[str, int] = {}
         self.handles = []
         self.first_layer = next((n for n in layers if n), layers[0])
         for name in [n for n in layers if n] + list(self.parent):
@@ -92,6 +93,8 @@ class _Hooks:
 
     def _attach(self, module: nn.Module, name: str) -> None:
         def pre(m, args):
+            # What a checkpointed layer keeps: its floating inputs (integer tokens are example inputs).
+            self.input_bytes[name] = sum(t.nbytes for t in _tensors(args) if t.is_floating_point())
             self.first_seen.setdefault(name, len(self.first_seen))
             if name in self.layer_set:
                 self.last_layer = name
@@ -267,7 +270,8 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
     def lp(n: str, params: list, kids: tuple = ()) -> LayerProfile:
         return LayerProfile(name=n, params=sum(p.numel() for p in params), dims=L.dims(params),
                             forward_seconds=fwd.get(n, 0.0), backward_seconds=bwd.get(n, 0.0),
-                            activation_bytes=acts.get(n, 0), workspace_bytes=2 * largest.get(n, 0), children=kids)
+                            activation_bytes=acts.get(n, 0), workspace_bytes=2 * largest.get(n, 0),
+                            input_bytes=hooks.input_bytes.get(n, 0), children=kids)
 
     order = lambda cs: sorted(cs, key=lambda c: hooks.first_seen.get(c, len(hooks.first_seen)))  # noqa: E731
     profiles = []

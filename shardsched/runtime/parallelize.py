@@ -1,13 +1,21 @@
 """parallelize(model, plan, *, mesh): apply a Plan with FSDP2, in place.
 
 Steps, in this fixed order (as torchtitan's parallelize_* functions):
-1. check the plan belongs to this model and this world;
-2. `fully_shard` every unit, bottom-up (units are disjoint, the root last), with
-   `reshard_after_forward=True` for full_shard and False otherwise; replicate
-   units get a (world, 1) mesh: FSDP2 then shards over a group of one and
-   all-reduces gradients over the world, which is DDP on FSDP2's engine (HSDP
-   with shard size 1);
-3. the schedule: each unit's forward/backward prefetch lists.
+1. check the plan belongs to this model and this world (and that the world is
+   whole nodes when the plan uses node-aware strategies);
+2. activation checkpointing of every layer of a checkpointed unit, before
+   `fully_shard` (torchtitan's order), with PyTorch's composable
+   `torch.distributed._composable.checkpoint`: it works by forward hooks, so module
+   paths and parameter names stay what the plan (and DCP checkpoints) name, where
+   `checkpoint_wrapper` would insert `._checkpoint_wrapped_module` into every path.
+   FSDP2 skips its own pre/post-forward hooks during the recomputation
+   (`TrainingState.PRE_BACKWARD`), so parameters are not gathered twice;
+3. `fully_shard` every unit, bottom-up (units are disjoint, the root last), with
+   each strategy's mesh and `reshard_after_forward` (`unit_kwargs`): replicate
+   units get a (world, 1) mesh (DDP on FSDP2's engine: HSDP with shard size 1),
+   hybrid units a (nodes, gpus_per_node) mesh (HSDP), full_shard/node reshards to
+   `gpus_per_node` after forward (FSDP2's int `reshard_after_forward`);
+4. the schedule: each unit's forward/backward prefetch lists.
 
 [Note: an empty backward prefetch list]
 FSDP2 reads an empty `_states_to_backward_prefetch` as "use the implicit
@@ -20,6 +28,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+from torch.distributed._composable import checkpoint
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
@@ -53,9 +62,41 @@ def check_plan(model: nn.Module, plan: Plan, world: int) -> None:
         raise UsageError(bad)
 
 
-def replicate_mesh(mesh: DeviceMesh) -> DeviceMesh:
-    """The (world, 1) replicate-by-shard mesh over the same workers."""
-    return DeviceMesh(mesh.device_type, mesh.mesh.reshape(-1, 1), mesh_dim_names=("replicate", "shard"))
+def replicate_mesh(mesh: DeviceMesh, shard: int = 1) -> DeviceMesh:
+    """The (world/shard, shard) replicate-by-shard mesh over the same workers: shard
+    1 is DDP, shard gpus_per_node is HSDP (consecutive ranks form a node, as
+    torchrun and SLURM number them)."""
+    return DeviceMesh(mesh.device_type, mesh.mesh.reshape(-1, shard), mesh_dim_names=("replicate", "shard"))
+
+
+def check_nodes(plan: Plan, world: int) -> None:
+    """Node-aware strategies need whole nodes: one line otherwise."""
+    if not any(u.strategy.multi_node for u in plan.units):
+        return
+    g = plan.gpus_per_node
+    if g < 1 or world % g:
+        raise UsageError(f"plan uses node-aware strategies with gpus_per_node {g}, which does not divide the "
+                         f"world {world}; accepted: --gpus-per-node N with world a multiple of N")
+
+
+def _mesh_2d(mesh: DeviceMesh, meshes: dict, shard: int) -> DeviceMesh:
+    """Each 2-D mesh once: building one creates process groups (a collective call)."""
+    if shard not in meshes:
+        meshes[shard] = replicate_mesh(mesh, shard)
+    return meshes[shard]
+
+
+def unit_kwargs(strategy: Strategy, mesh: DeviceMesh, meshes: dict, gpus_per_node: int) -> dict:
+    """`fully_shard`'s mesh and reshard_after_forward for one strategy."""
+    if strategy is Strategy.REPLICATE:
+        return dict(mesh=_mesh_2d(mesh, meshes, 1), reshard_after_forward=False)
+    if strategy in (Strategy.HYBRID_SHARD, Strategy.HYBRID_SHARD_GRAD_OP):
+        return dict(mesh=_mesh_2d(mesh, meshes, min(gpus_per_node, mesh.size())),
+                    reshard_after_forward=strategy is Strategy.HYBRID_SHARD)
+    if strategy is Strategy.FULL_SHARD_NODE:
+        # FSDP2 reads an int equal to the shard size as True and 1 as False: both right here.
+        return dict(mesh=mesh, reshard_after_forward=min(gpus_per_node, mesh.size()))
+    return dict(mesh=mesh, reshard_after_forward=strategy is Strategy.FULL_SHARD)
 
 
 def parallelize(model: nn.Module, plan: Plan, *, mesh: DeviceMesh, ddp: bool = True) -> nn.Module:
@@ -65,20 +106,25 @@ def parallelize(model: nn.Module, plan: Plan, *, mesh: DeviceMesh, ddp: bool = T
     check_plan(model, plan, mesh.size())
     if ddp and runs_on_ddp(plan):  # DDP's engine for plain data parallelism: see runtime/ddp.py
         return replicate_with_ddp(model, mesh=mesh)
+    check_nodes(plan, mesh.size())
     mp = mp_policy(plan.precision)
-    rep_mesh = replicate_mesh(mesh) if any(u.strategy is Strategy.REPLICATE for u in plan.units) else None
+    meshes: dict[int, DeviceMesh] = {}  # shard size -> 2-D mesh, built once (each builds process groups)
     heads: dict[str, FSDPModule] = {}
     root = next((u for u in plan.units if u.layers == (ROOT,)), None)
     for unit in plan.units:
         if unit is root:
             continue  # `fully_shard(model)` below (plan/units.py, [Note: the root unit])
         modules = [model.get_submodule(name) for name in unit.layers]
-        fully_shard(modules if len(modules) > 1 else modules[0],
-                    mesh=rep_mesh if unit.strategy is Strategy.REPLICATE else mesh,
-                    reshard_after_forward=unit.strategy is Strategy.FULL_SHARD, mp_policy=mp)
+        if unit.checkpoint:
+            for m in modules:
+                checkpoint(m)
+        fully_shard(modules if len(modules) > 1 else modules[0], mp_policy=mp,
+                    **unit_kwargs(unit.strategy, mesh, meshes, plan.gpus_per_node))
         heads[unit.name] = modules[0]  # grouped units share one state, reached via the first
-    fully_shard(model, mesh=rep_mesh if root and root.strategy is Strategy.REPLICATE else mesh,
-                reshard_after_forward=False, mp_policy=mp)
+    # The root never reshards after forward (FSDP2 clears its post-forward mesh): its
+    # strategy's mesh, reshard_after_forward=False (`plan.units.root_strategy`).
+    kw = unit_kwargs(root.strategy, mesh, meshes, plan.gpus_per_node) if root is not None else dict(mesh=mesh)
+    fully_shard(model, mp_policy=mp, **{**kw, "reshard_after_forward": False})
     if root is not None:
         heads[root.name] = model
     apply_schedule(plan, heads)

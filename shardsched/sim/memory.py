@@ -14,12 +14,19 @@ Each step is evaluated at the moments where FSDP2's live set is largest
 - reduce: after `reshard`, the unsharded gradients are copied into the
   ReduceScatter input (both live), the previous input having been reclaimed.
 The optimizer step holds all sharded gradients plus its own temporaries.
+
+Node-aware strategies and checkpointing (`cost.strategy`, [Note: the node-aware
+strategies]): a unit holds `held_after_forward` bytes between its forward and its
+backward (its whole gathered copy when it does not reshard, a node-sized slice for
+full_shard_node, which is still live at its backward copy-out); a checkpointed unit
+retains only its inputs, and its backward starts by recomputing the forward, so at
+its backward its full activations are live again.
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from shardsched.cost.memory import shards
+from shardsched.cost.strategy import held_after_forward, shard_count
 from shardsched.core.types import MemoryBreakdown, Strategy
 from shardsched.sim.scenario import Scenario
 
@@ -61,22 +68,22 @@ class StepMemory(NamedTuple):
         return self.breakdown.total
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 class _Live:
     """Byte counts of one scenario, precomputed per unit."""
 
     def __init__(self, sc: Scenario):
-        sb, w = sc.state, sc.cluster.world
+        sb, cl = sc.state, sc.cluster
         self.sc = sc
-        n = [shards(s, w) for s in sc.strategies]
-        # FSDP2 pads every parameter's dim 0 to a multiple of the shard count: shards,
-        # AllGather outputs (and the unsharded views into them) and ReduceScatter inputs
-        # are padded; gradients as autograd produces them are not.
+        n = [shard_count(s, cl) for s in sc.strategies]
+        # FSDP2 pads every parameter's dim 0 to a multiple of the strategy's shard count
+        # (`cost.strategy.shard_count`: world, the node for hybrid_*, 1 for replicate):
+        # shards, AllGather outputs (and the unsharded views into them) and ReduceScatter
+        # inputs are padded; gradients as autograd produces them are not. full_shard_node's
+        # node-sized slice is 1/g of the world-padded copy (`held_after_forward`).
         self.shard = [u.shard_numel(k) for u, k in zip(sc.units, n)]
         self.unsharded = [u.padded_numel(k) * sb.unsharded_param for u, k in zip(sc.units, n)]
+        self.held = [held_after_forward(s, b, cl) for s, b in zip(sc.strategies, self.unsharded)]
+        self.retained = [sc.retained_bytes(i) for i in range(sc.n)]
         self.ugrad = [u.params * sb.unsharded_grad for u in sc.units]
         self.rsbuf = [u.padded_numel(k) * sb.reduce for u, k in zip(sc.units, n)]
         # A replicate unit is a shard group of one: FSDP2 copies its shards straight into
@@ -85,21 +92,24 @@ class _Live:
         self.agbuf = [forward_gathers(u, s) * b for u, s, b in zip(sc.units, sc.strategies, self.unsharded)]
         self.root_grad = root_grad_bytes(sc)
         # Launched-but-unused AllGathers (prefetches) are counted at the world's padding
-        # for every strategy, as the MILP counts them (linear in its launch variables).
-        self.pend = [u.padded_numel(w) * sb.unsharded_param for u in sc.units]
+        # for every strategy, as the MILP counts them (linear in its launch variables);
+        # for hybrid_* (padded to the node) this is an upper bound.
+        self.pend = [u.padded_numel(cl.world) * sb.unsharded_param for u in sc.units]
         self.persist_params = sum(self.shard) * sb.param
         self.persist_opt = sum(self.shard) * sb.optimizer
 
     def unsharded_live(self, s: int, *, exclude: int = -1) -> int:
-        """Unsharded parameters already copied out and not yet freed at step s."""
+        """Parameters gathered (or held after forward) and not yet freed at step s;
+        at a unit's own forward and backward steps its whole unsharded copy."""
         sc, total = self.sc, 0
-        for i, strat in enumerate(sc.strategies):
+        for i in range(sc.n):
             if i == exclude:
                 continue
             f, b = sc.f_step(i), sc.b_step(i)
-            end_fwd = f if strat is Strategy.FULL_SHARD else b
-            if f <= s <= end_fwd or (strat is Strategy.FULL_SHARD and s == b):
+            if s in (f, b):
                 total += self.unsharded[i]
+            elif f < s < b:
+                total += self.held[i]
         return total
 
     def pending_gathers(self, s: int, *, include_launched_here: bool) -> int:
@@ -119,7 +129,12 @@ class _Live:
         return sum(self.shard[i] for i in range(sc.n) if sc.b_step(i) < s) * sc.state.grad
 
     def activations(self, upto: int) -> int:
-        return sum(u.activation_bytes for u in self.sc.units[: upto + 1])
+        """Retained activations of units 0..upto."""
+        return sum(self.retained[: upto + 1])
+
+    def recomputed(self, i: int) -> int:
+        """Activations live at unit i's backward: earlier units' retained, its own in full."""
+        return self.activations(i - 1) + self.sc.units[i].activation_bytes
 
 
 def step_memory(sc: Scenario) -> list[StepMemory]:
@@ -162,14 +177,14 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
     # start all activations are live, at the end all gradients; the workspace
     # (gradients of the largest activations) is live throughout.
     moments = [_mb(live, unsharded=live.unsharded_live(s), grads=grads,
-                   act=live.activations(i) + sc.units[i].workspace_bytes, comm=held_rs + pending),
+                   act=live.recomputed(i) + sc.units[i].workspace_bytes, comm=held_rs + pending),
                _mb(live, unsharded=live.unsharded_live(s), grads=grads + live.ugrad[i],
                    act=live.activations(i - 1) + sc.units[i].workspace_bytes, comm=held_rs + pending),
                _mb(live, unsharded=live.unsharded_live(s, exclude=i), grads=grads + live.ugrad[i],
                    act=live.activations(i - 1), comm=live.rsbuf[i] + pending)]
-    if sc.strategies[i] is Strategy.FULL_SHARD:  # copy-out of its backward AllGather
-        moments.append(_mb(live, unsharded=live.unsharded_live(s), grads=grads,
-                           act=live.activations(i),
+    if sc.strategies[i].gathers_for_backward:  # copy-out of its backward AllGather
+        moments.append(_mb(live, unsharded=live.unsharded_live(s) + live.held[i], grads=grads,
+                           act=live.activations(i),  # before any recomputation
                            comm=held_rs + live.unsharded[i] + live.pending_gathers(s, include_launched_here=False)))
     return moments
 

@@ -4,7 +4,9 @@ Compute steps are indexed 0 .. 2n: forward of unit i is step i, backward of
 unit i is step 2n-1-i, the optimizer step is 2n. A schedule gives, for every
 AllGather, the step at whose start it is launched:
   forward_launch[i]  in [0, i]          (i itself: no prefetch)
-  backward_launch[i] in [n, 2n-1-i]     (full_shard only; 2n-1-i: no prefetch)
+  backward_launch[i] in [n, 2n-1-i]     (strategies that gather for backward:
+                                         full_shard, full_shard_node, hybrid_shard;
+                                         2n-1-i: no prefetch)
 which maps one-to-one onto FSDP2's `set_modules_to_forward_prefetch` /
 `set_modules_to_backward_prefetch` lists (`plan.schedule`).
 """
@@ -34,6 +36,8 @@ class UnitCost:
     """(dim-0 size, numel) per parameter, for FSDP2's dim-0 padding; () = unknown."""
     lead_activation_bytes: int = 0
     """Activations of all its layers but the last: live when its last module starts."""
+    input_bytes: int = 0
+    """Sum of its layers' forward inputs: what it retains instead when checkpointed."""
 
     def shard_numel(self, n: int) -> int:
         """Elements per worker sharded n ways (dim 0 of each parameter padded)."""
@@ -58,6 +62,21 @@ class Scenario:
     optimizer_workspace_factor: float = 0.0
     """Transient bytes of the optimizer step, per byte of persistent fp32 params
     (foreach Adam materialises a few parameter-sized temporaries)."""
+    checkpoint: tuple[bool, ...] = ()
+    """Per unit: activation checkpointing on (empty: off everywhere)."""
+
+    def ckpt(self, i: int) -> bool:
+        return bool(self.checkpoint) and self.checkpoint[i]
+
+    def retained_bytes(self, i: int) -> int:
+        """Activations unit i keeps from its forward to its backward."""
+        u = self.units[i]
+        return u.input_bytes if self.ckpt(i) else u.activation_bytes
+
+    def backward_seconds(self, i: int) -> float:
+        """A checkpointed unit recomputes its forward inside its backward."""
+        u = self.units[i]
+        return u.backward_seconds + (u.forward_seconds if self.ckpt(i) else 0.0)
 
     @property
     def n(self) -> int:
@@ -84,7 +103,7 @@ class Scenario:
             if not 0 <= self.forward_launch[i] <= i:
                 raise ValueError(f"{self.units[i].name}: forward launch {self.forward_launch[i]} not in [0, {i}]")
             bl = self.backward_launch[i]
-            if s is Strategy.FULL_SHARD:
+            if s.gathers_for_backward:
                 if bl is None or not n <= bl <= self.b_step(i):
                     raise ValueError(f"{self.units[i].name}: backward launch {bl} not in [{n}, {self.b_step(i)}]")
             elif bl is not None:
@@ -96,6 +115,6 @@ def default_launch(strategies: tuple[Strategy, ...], *, ahead: int = 1) -> tuple
     (explicit forward prefetch of the next unit, implicit backward prefetch)."""
     n = len(strategies)
     fwd = tuple(max(0, i - ahead) for i in range(n))
-    bwd = tuple(max(n, 2 * n - 1 - i - ahead) if s is Strategy.FULL_SHARD else None
+    bwd = tuple(max(n, 2 * n - 1 - i - ahead) if s.gathers_for_backward else None
                 for i, s in enumerate(strategies))
     return fwd, bwd

@@ -21,7 +21,8 @@ def simulate(sc: Scenario) -> SimResult:
     tl = replay(sc)
     mem = step_memory(sc)
     top = max(mem, key=lambda m: m.total)
-    states = sum(model_states_bytes(u.params, s, sc.cluster.world, sc.state, u.dims)
+    states = sum(model_states_bytes(u.params, s, sc.cluster.world, sc.state, u.dims,
+                                    local=sc.cluster.local)
                  for u, s in zip(sc.units, sc.strategies))
     step = tl.step_seconds
     pred = Predicted(

@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from shardsched.cost.comm import Collective, collective_seconds
-from shardsched.core.types import Strategy
-from shardsched.cost.memory import shards
+from shardsched.cost.comm import Collective
+from shardsched.cost.strategy import gather_seconds, reduce_kind, reduce_seconds, shard_count
 from shardsched.sim.scenario import Scenario
 
 
@@ -58,21 +57,21 @@ class Timeline:
 
 
 def gather_bytes(sc: Scenario, i: int) -> float:
-    """AllGather output bytes: dim 0 of every parameter padded to the shard count (FSDP2)."""
-    return sc.units[i].padded_numel(shards(sc.strategies[i], sc.cluster.world)) * sc.state.unsharded_param
+    """AllGather output bytes: dim 0 of every parameter padded to the strategy's shard
+    count (FSDP2; `cost.strategy.shard_count`: world, or the node for hybrid_*)."""
+    return sc.units[i].padded_numel(shard_count(sc.strategies[i], sc.cluster)) * sc.state.unsharded_param
 
 
-def reduce_kind(strategy: Strategy) -> Collective:
-    return Collective.ALL_REDUCE if strategy is Strategy.REPLICATE else Collective.REDUCE_SCATTER
+def reduce_bytes(sc: Scenario, i: int) -> float:
+    """ReduceScatter input (AllReduce buffer for replicate), padded as `gather_bytes`."""
+    return sc.units[i].padded_numel(shard_count(sc.strategies[i], sc.cluster)) * sc.state.reduce
 
 
-def collective_time(sc: Scenario, kind: Collective, i: int) -> float:
-    if kind is Collective.ALL_GATHER and sc.strategies[i] is Strategy.REPLICATE:
-        return 0.0  # a shard group of one: nothing on the wire
+def collective_time(sc: Scenario, kind: Collective, i: int, *, backward: bool = False) -> float:
+    """Wire time of unit i's collective (`cost.strategy`: which group it runs over)."""
     if kind is Collective.ALL_GATHER:
-        return collective_seconds(kind, gather_bytes(sc, i), sc.cluster)
-    numel = sc.units[i].padded_numel(shards(sc.strategies[i], sc.cluster.world))
-    return collective_seconds(kind, numel * sc.state.reduce, sc.cluster)
+        return gather_seconds(sc.strategies[i], gather_bytes(sc, i), sc.cluster, backward=backward)
+    return reduce_seconds(sc.strategies[i], reduce_bytes(sc, i), sc.cluster)
 
 
 def launches_at(sc: Scenario) -> dict[int, list[tuple[int, int]]]:
@@ -100,7 +99,7 @@ def replay(sc: Scenario) -> Timeline:
     for s in range(2 * n + 1):
         for i, use in launches.get(s, []):
             start = max(channel_free, prev_end)
-            channel_free = start + collective_time(sc, Collective.ALL_GATHER, i)
+            channel_free = start + collective_time(sc, Collective.ALL_GATHER, i, backward=use >= n)
             comm.append(CommEvent(Collective.ALL_GATHER, i, s, start, channel_free))
             ready[use] = channel_free
         start = max(prev_end, channel_free if blocking else ready.get(s, 0.0))
@@ -124,5 +123,5 @@ def _compute_seconds(sc: Scenario, s: int) -> float:
     if s < n:
         return sc.units[s].forward_seconds
     if s < 2 * n:
-        return sc.units[2 * n - 1 - s].backward_seconds
+        return sc.backward_seconds(2 * n - 1 - s)
     return sc.optimizer_seconds

@@ -104,11 +104,11 @@ def auto_plan(profile: Profile, cluster: Cluster, *, spec: StrategySpec, precisi
     pins = {k: v for k, v in spec.for_layers([layer.name for layer in profile.layers]).items() if v is not None}
     kw = dict(pins=pins, precision=precision, optimizer=optimizer)
     base = uniform_baselines(profile, cluster, **kw)
-    problems = candidate_problems(profile, cluster, **kw)
+    problems = [p._replace(checkpointable=True) for p in candidate_problems(profile, cluster, **kw)]
     pool = [s for s in base if s.peak <= budget]
     pool += _greedy_pool(problems, budget=budget, deadline=t0 + 0.4 * time_limit)
     if not pool:  # last resort: the smallest units there are (what the message below measures)
-        finest = finest_problem(profile, cluster, **kw)
+        finest = finest_problem(profile, cluster, **kw)._replace(checkpointable=True)
         problems.append(finest)
         pool += _greedy_pool([finest], budget=budget, deadline=math.inf)
     if not pool:
@@ -118,8 +118,9 @@ def auto_plan(profile: Profile, cluster: Cluster, *, spec: StrategySpec, precisi
     # Ties go to the MILP's schedule (it carries a proof), then to the smaller peak.
     best = min(pool + highs, key=lambda s: (s.seconds, s.name != "highs", s.peak))
     r = info.get(id(best))
+    # An infinite gap means HiGHS has no bound: say "unknown" (None), as greedy does.
     solver = SolverInfo(name="highs" if r else "greedy", status=r.status if r else "feasible",
-                        gap=r.gap if r else None, seconds=time.perf_counter() - t0)
+                        gap=r.gap if r and math.isfinite(r.gap) else None, seconds=time.perf_counter() - t0)
     notes = explain(best, baselines=base, budget=budget, candidates=len(problems), pins=pins) + notes
     sc = best.problem.scenario(best.choice)
     return plan_from_scenario(sc, profile=profile, memory_budget_bytes=memory_budget_bytes, solver=solver,
@@ -129,7 +130,7 @@ def auto_plan(profile: Profile, cluster: Cluster, *, spec: StrategySpec, precisi
 def least_memory_peak(profile: Profile, cluster: Cluster, *, precision: Precision, optimizer: Optimizer) -> int:
     """Predicted peak of the least-memory plan: full_shard everywhere, no prefetch, smallest units."""
     finest = finest_problem(profile, cluster, pins={}, precision=precision, optimizer=optimizer)
-    return max(m.total for m in step_memory(finest.scenario(least_memory(finest))))
+    return max(m.total for m in step_memory(finest.scenario(least_memory(finest._replace(checkpointable=True)))))
 
 
 def default_budget(profile: Profile, cluster: Cluster, *, precision: Precision, optimizer: Optimizer) -> int:
@@ -159,7 +160,7 @@ def infeasible_message(profile: Profile, cluster: Cluster, *, budget: int, probl
                                                         "comm_buffers")), key=lambda kv: kv[1])
     need = best.total
     return (f"no plan fits the memory budget of {fmt_bytes(budget)}: the least-memory plan "
-            f"(full_shard everywhere, no prefetch, smallest units) needs {need} bytes ({fmt_bytes(need)}) "
+            f"(full_shard everywhere, checkpointed, no prefetch, smallest units) needs {need} bytes ({fmt_bytes(need)}) "
             f"at {best.name}, dominated by {kind} ({fmt_bytes(size)}); use --memory-budget {_round_up(need)} "
             f"or more, a larger world, or a smaller micro-batch")
 
@@ -195,6 +196,13 @@ def _why(s: Scored, a: int, b: int, budget: int, pins: dict) -> str:
     params = sum(c.params for c in p.costs[a:b + 1])
     gathered = fmt_bytes(params * sb.unsharded_param)
     k = b - a + 1
+    if strat.multi_node:
+        return {Strategy.HYBRID_SHARD: "hybrid_shard (AllGathers stay inside the node; gradients cross nodes once, "
+                                       "as a 1/gpus_per_node shard)",
+                Strategy.HYBRID_SHARD_GRAD_OP: "hybrid_shard_grad_op (one intra-node AllGather; gradients cross "
+                                               "nodes once, as a 1/gpus_per_node shard)",
+                Strategy.FULL_SHARD_NODE: f"full_shard/node (keeps a node-sized slice of its {gathered} after "
+                                          "forward, so its backward AllGather stays inside the node)"}[strat]
     if strat is Strategy.REPLICATE:
         return f"replicate (fits; no AllGathers of its {gathered} and no sharded optimizer step)"
     if strat is Strategy.SHARD_GRAD_OP:
@@ -224,6 +232,8 @@ def explain(best: Scored, *, baselines: list[Scored], budget: int, candidates: i
     for a, b in _runs(ch.strategies):
         label = p.costs[a].name if a == b else f"{p.costs[a].layers[0]}..{p.costs[b].layers[-1]}"
         notes.append(f"{label}: {_why(best, a, b, budget, pins)}")
+    if any(ch.ckpt):
+        notes.append(f"{sum(ch.ckpt)} of {p.n} units checkpointed (activations recomputed in backward to fit)")
     early = sum(1 for i in range(p.n) if ch.fwd[i] < i - 1)
     early += sum(1 for i in range(p.n) if ch.bwd[i] is not None and ch.bwd[i] < 2 * p.n - 2 - i)
     notes.append(f"{_grouping_words(p.n, len(p.profile.layers))} ({candidates} groupings considered); "

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from shardsched.cost.device import Cluster
+from shardsched.cost.strategy import strategies_for
 from shardsched.solve.candidates import Choice, Problem, block_params, problem_for
 from shardsched.core.types import Optimizer, Precision, Strategy
 from shardsched.plan.units import group_layers, layer_strategies
@@ -36,8 +37,9 @@ def score(name: str, p: Problem, ch: Choice) -> Scored:
 
 
 def uniform(strategy: Strategy, profile: Profile, cluster: Cluster, *, pins: dict, precision: Precision,
-            optimizer: Optimizer) -> Scored:
-    """`make_plan(strategy=...)`'s plan: pins kept, block-size fusion, one-ahead prefetch."""
+            optimizer: Optimizer, checkpoint: bool = False) -> Scored:
+    """`make_plan(strategy=...)`'s plan: pins kept, block-size fusion, one-ahead prefetch
+    (`checkpoint`: every unit but the root checkpointed, `--strategy STRATEGY+ckpt`)."""
     per_layer = layer_strategies(profile, [pins.get(layer.name) or strategy for layer in profile.layers])
     groups = group_layers(profile, per_layer, block_params=block_params(cluster, precision, optimizer))
     alist = [(layer, layer.name) for layer in profile.layers]
@@ -45,10 +47,20 @@ def uniform(strategy: Strategy, profile: Profile, cluster: Cluster, *, pins: dic
                     precision=precision, optimizer=optimizer)
     strats = tuple(per_layer[g[0]] for g in groups)
     fwd, bwd = default_launch(strats, ahead=1)
-    return score(strategy.value, p, Choice(strats, fwd, bwd))
+    return score(config_name(strategy, checkpoint), p,
+                 Choice(strats, fwd, bwd, p.all_checkpointed() if checkpoint else ()))
+
+
+def config_name(strategy: Strategy, checkpoint: bool) -> str:
+    return strategy.label + ("+ckpt" if checkpoint else "")
+
+
+def uniform_configs(cluster: Cluster) -> list[tuple[Strategy, bool]]:
+    """Every uniform configuration on this cluster: each strategy, with and without checkpointing."""
+    return [(s, c) for c in (False, True) for s in strategies_for(cluster)]
 
 
 def uniform_baselines(profile: Profile, cluster: Cluster, *, pins: dict, precision: Precision,
                       optimizer: Optimizer) -> list[Scored]:
-    return [uniform(s, profile, cluster, pins=pins, precision=precision, optimizer=optimizer)
-            for s in (Strategy.REPLICATE, Strategy.SHARD_GRAD_OP, Strategy.FULL_SHARD)]
+    return [uniform(s, profile, cluster, pins=pins, precision=precision, optimizer=optimizer, checkpoint=c)
+            for s, c in uniform_configs(cluster)]

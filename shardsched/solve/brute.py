@@ -11,7 +11,6 @@ import math
 from typing import NamedTuple
 
 from shardsched.solve.candidates import Choice, Problem
-from shardsched.core.types import Strategy
 from shardsched.sim.memory import step_memory
 from shardsched.sim.timeline import replay
 
@@ -26,16 +25,23 @@ class BruteResult(NamedTuple):
 def _launch_options(p: Problem, strategies) -> list[list]:
     n = p.n
     fwd = [range(i + 1) for i in range(n)]
-    bwd = [range(n, 2 * n - i) if s is Strategy.FULL_SHARD else [None] for i, s in enumerate(strategies)]
+    bwd = [range(n, 2 * n - i) if s.gathers_for_backward else [None] for i, s in enumerate(strategies)]
     return fwd + bwd
+
+
+def _ckpt_options(p: Problem):
+    if not p.checkpointable:
+        return [()]
+    options = [(False, True) if p.can_checkpoint(i) else (False,) for i in range(p.n)]  # never the root
+    return [c if any(c) else () for c in itertools.product(*options)]
 
 
 def brute(p: Problem, *, budget: int) -> BruteResult:
     """Fastest fitting (strategies, launches) of one grouping; ties keep the first."""
     best, count = BruteResult(None, math.inf, 0, 0), 0
-    for strategies in itertools.product(*p.allowed):
+    for strategies, ckpt in itertools.product(itertools.product(*p.allowed), _ckpt_options(p)):
         for launch in itertools.product(*_launch_options(p, strategies)):
-            ch = Choice(tuple(strategies), tuple(launch[:p.n]), tuple(launch[p.n:]))
+            ch = Choice(tuple(strategies), tuple(launch[:p.n]), tuple(launch[p.n:]), ckpt)
             sc = p.scenario(ch)
             count += 1
             t = replay(sc).step_seconds

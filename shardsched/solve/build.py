@@ -14,7 +14,7 @@ from shardsched.cost.memory import state_bytes
 from shardsched.plan.schedule import make_scenario, units_with_schedule
 from shardsched.plan.spec import parse_strategy_spec
 from shardsched.core.types import Optimizer, Plan, Precision, SolverInfo, Strategy
-from shardsched.plan.units import group_layers, layer_strategies, unit_cost
+from shardsched.plan.units import ROOT, group_layers, layer_strategies, unit_cost
 from shardsched.profile.types import Profile
 from shardsched.sim.scenario import Scenario, default_launch
 from shardsched.sim.simulate import simulate
@@ -32,15 +32,17 @@ def make_plan(profile: Profile, cluster: Cluster, *, strategy: str = "full_shard
         return auto_plan(profile, cluster, spec=spec, precision=precision, optimizer=optimizer,
                          memory_budget_bytes=memory_budget_bytes, time_limit=time_limit)
     t0 = time.perf_counter()
-    per_layer = spec.for_layers([layer.name for layer in profile.layers])
-    strategies = layer_strategies(profile, [per_layer[layer.name] for layer in profile.layers])
+    names = [layer.name for layer in profile.layers]
+    per_layer, ckpt = spec.for_layers(names), spec.checkpointed(names)
+    strategies = layer_strategies(profile, [per_layer[n] for n in names])
+    keys = [(s, ckpt[n] and n != ROOT) for s, n in zip(strategies, names)]  # the root is never checkpointed
     block = block_size_bytes(cluster) // state_bytes(precision, optimizer).unsharded_param if fuse else 0
-    groups = group_layers(profile, strategies, block_params=block)
+    groups = group_layers(profile, keys, block_params=block)
     costs = [unit_cost([profile.layers[i] for i in g]) for g in groups]
-    strats = [strategies[g[0]] for g in groups]
+    strats = [keys[g[0]][0] for g in groups]
     fwd, bwd = default_launch(tuple(strats), ahead=prefetch_ahead)
     sc = make_scenario(costs, strats, fwd, bwd, profile=profile, cluster=cluster,
-                       precision=precision, optimizer=optimizer)
+                       precision=precision, optimizer=optimizer, checkpoint=[keys[g[0]][1] for g in groups])
     solver = SolverInfo(name="uniform" if not spec.overrides else "manual", status="given",
                         seconds=time.perf_counter() - t0)
     return plan_from_scenario(sc, profile=profile, memory_budget_bytes=memory_budget_bytes,

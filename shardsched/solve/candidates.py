@@ -23,13 +23,13 @@ from typing import NamedTuple
 from shardsched.cost.comm import Collective, block_size_bytes, collective_seconds
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
+from shardsched.cost.strategy import strategies_for
 from shardsched.plan.schedule import make_scenario
 from shardsched.core.types import Optimizer, Precision, Strategy
 from shardsched.plan.units import ROOT, root_strategy, unit_cost
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.sim.scenario import Scenario, UnitCost
 
-ALL = (Strategy.REPLICATE, Strategy.SHARD_GRAD_OP, Strategy.FULL_SHARD)
 EXHAUSTIVE_ATOMS = 5
 """Up to this many atoms every grouping is a candidate (16 groupings)."""
 FUSE_RATIO = 1.2
@@ -41,6 +41,8 @@ class Choice(NamedTuple):
     strategies: tuple[Strategy, ...]
     fwd: tuple[int, ...]
     bwd: tuple[int | None, ...]
+    ckpt: tuple[bool, ...] = ()
+    """Per unit: activation checkpointing (empty: none)."""
 
 
 class Problem(NamedTuple):
@@ -52,15 +54,25 @@ class Problem(NamedTuple):
     cluster: Cluster
     precision: Precision
     optimizer: Optimizer
+    checkpointable: bool = False
+    """Whether solvers may checkpoint units (a binary per unit, beside its strategy)."""
 
     @property
     def n(self) -> int:
         return len(self.costs)
 
+    def can_checkpoint(self, i: int) -> bool:
+        """Whether unit i may be checkpointed: never the root ([Note: the root unit])."""
+        return self.checkpointable and self.costs[i].layers != (ROOT,)
+
+    def all_checkpointed(self) -> tuple[bool, ...]:
+        """Every unit that may be checkpointed, checkpointed (`STRATEGY+ckpt`)."""
+        return tuple(self._replace(checkpointable=True).can_checkpoint(i) for i in range(self.n))
+
     def scenario(self, choice: Choice) -> Scenario:
         return make_scenario(list(self.costs), list(choice.strategies), choice.fwd, choice.bwd,
                              profile=self.profile, cluster=self.cluster,
-                             precision=self.precision, optimizer=self.optimizer)
+                             precision=self.precision, optimizer=self.optimizer, checkpoint=choice.ckpt)
 
 
 def _with_residual(layer: LayerProfile) -> list[LayerProfile]:
@@ -130,17 +142,17 @@ def fuse(sizes: list[int], *, limit: int = 0, ratio: float = 0.0, cluster: Clust
     return groups
 
 
-def _allowed(pins: list[Strategy | None]) -> tuple[Strategy, ...] | None:
+def _allowed(pins: list[Strategy | None], cluster: Cluster) -> tuple[Strategy, ...] | None:
     """Strategies a unit of these atoms may take; None when pins conflict."""
     fixed = {p for p in pins if p is not None}
     if len(fixed) > 1:
         return None
-    return tuple(fixed) if fixed else ALL
+    return tuple(fixed) if fixed else strategies_for(cluster)
 
 
 def problem_for(groups: list[list[int]], atom_list, pins: list[Strategy | None], *, profile: Profile,
                 cluster: Cluster, precision: Precision, optimizer: Optimizer) -> Problem | None:
-    allowed = [_allowed([pins[i] for i in g]) for g in groups]
+    allowed = [_allowed([pins[i] for i in g], cluster) for g in groups]
     for k, g in enumerate(groups):  # the root unit stands alone and never reshards after forward
         if any(atom_list[i][0].name == ROOT for i in g):
             if len(g) > 1:

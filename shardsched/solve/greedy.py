@@ -23,12 +23,13 @@ import numpy as np
 
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad
-from shardsched.solve.milp import FS, REP, SGO, costs_of
+from shardsched.solve.milp import FS, FSN, HS, HSGO, REP, SGO, costs_of
 from shardsched.sim.timeline import replay
 
 PER_AG_HOIST_UNITS = 40
 """Above this many units, hoist all AllGathers together (see module docstring)."""
-MIN_FIRST = (FS, SGO, REP)
+MIN_FIRST = (FS, FSN, HS, SGO, HSGO, REP)
+"""Least persistent-plus-held memory first (upgrades only move right)."""
 
 
 class Evaluator:
@@ -38,7 +39,6 @@ class Evaluator:
         self.p, self.c = p, costs_of(p)
         c = self.c
         self.unsh = np.array(c.unsharded, dtype=np.float64)
-        self.act = np.concatenate([[0], np.cumsum(c.act)]).astype(np.float64)
 
     def seconds(self, ch: Choice) -> float:
         return replay(self.p.scenario(ch)).step_seconds
@@ -67,9 +67,11 @@ class Evaluator:
         pers = shard.sum() * (sb.param + sb.optimizer) + c.input_bytes
         unsh = np.array([c.unsh_by[i][s] for i, s in enumerate(ch.strategies)], dtype=np.float64)
         ag = np.array([forward_gathers(u, s) for u, s in zip(self.p.costs, ch.strategies)], dtype=np.float64) * unsh
-        nonfs = np.array([s is not FS for s in ch.strategies], dtype=np.float64) * unsh
-        U = np.concatenate([[0], np.cumsum(nonfs)])
+        held = np.array([c.held[i][s] for i, s in enumerate(ch.strategies)], dtype=np.float64)
+        U = np.concatenate([[0], np.cumsum(held)])
         G = np.concatenate([np.cumsum((shard * sb.grad)[::-1])[::-1], [0]])
+        kept = [c.inp[i] if ch.ckpt and ch.ckpt[i] else c.act[i] for i in range(n)]
+        self.act = np.concatenate([[0], np.cumsum(kept)]).astype(np.float64)
         inc, exc = self._pending(ch, n)
         out = []
         for i in range(n):
@@ -80,21 +82,21 @@ class Evaluator:
                                          u + self.act[i + 1] + c.ws[i] // 2 + inc[i]))
         rs = [c.rs_by[i][s] for i, s in enumerate(ch.strategies)]
         for s in range(n, 2 * n):
-            out.append(self._backward(ch, s, pers, U, G, inc, exc, unsh, rs))
+            out.append(self._backward(ch, s, pers, U, G, inc, exc, unsh, rs, held))
         out.append(pers + G[0] + int(c.opt_factor * shard.sum() * sb.param))
         return out
 
-    def _backward(self, ch, s, pers, U, G, inc, exc, unsh, rs) -> float:
+    def _backward(self, ch, s, pers, U, G, inc, exc, unsh, rs, held) -> float:
         c, n = self.c, self.p.n
         i = 2 * n - 1 - s
-        held = rs[i + 1] if i + 1 < n else 0
+        held_rs = rs[i + 1] if i + 1 < n else 0
         base = pers + U[i] + G[i + 1] + (c.root_grad if holds_root_grad(i, n) else 0)
         u = unsh[i]
-        m = max(u + self.act[i + 1] + c.ws[i] + held + inc[s],  # backward starts
-                u + c.ugrad[i] + self.act[i] + c.ws[i] + held + inc[s],  # backward ends
+        m = max(u + self.act[i] + c.act[i] + c.ws[i] + held_rs + inc[s],  # backward starts (recomputed)
+                u + c.ugrad[i] + self.act[i] + c.ws[i] + held_rs + inc[s],  # backward ends
                 c.ugrad[i] + self.act[i] + rs[i] + inc[s])  # reduce
-        if ch.strategies[i] is FS:
-            m = max(m, 2 * unsh[i] + self.act[i + 1] + held + exc[s])
+        if ch.strategies[i].gathers_for_backward:  # copy-out, its post-forward slice still live
+            m = max(m, 2 * u + held[i] + self.act[i + 1] + held_rs + exc[s])
         return base + m
 
 
@@ -110,41 +112,50 @@ def fewer_gathers(ev: Evaluator, ch: Choice) -> Choice:
 
 
 def least_memory(p: Problem) -> Choice:
-    """Most sharded allowed strategy everywhere, every AllGather at its use."""
+    """Most sharded allowed strategy everywhere, checkpointed where allowed, every
+    AllGather at its use."""
     n = p.n
     strat = tuple(next(k for k in MIN_FIRST if k in p.allowed[i]) for i in range(n))
-    return Choice(strat, tuple(range(n)), tuple(2 * n - 1 - i if s is FS else None for i, s in enumerate(strat)))
+    return Choice(strat, tuple(range(n)),
+                  tuple(2 * n - 1 - i if s.gathers_for_backward else None for i, s in enumerate(strat)),
+                  p.all_checkpointed() if p.checkpointable else ())
 
 
 def _with(ch: Choice, i: int, strategy) -> Choice:
+    """Unit i switched to `strategy` (None: checkpointing switched off instead)."""
     n = len(ch.strategies)
+    if strategy is None:
+        ckpt = ch.ckpt[:i] + (False,) + ch.ckpt[i + 1:]
+        return ch._replace(ckpt=ckpt if any(ckpt) else ())
     strat = ch.strategies[:i] + (strategy,) + ch.strategies[i + 1:]
-    bwd = ch.bwd[:i] + ((2 * n - 1 - i) if strategy is FS else None,) + ch.bwd[i + 1:]
-    return Choice(strat, ch.fwd, bwd)
+    bwd = ch.bwd[:i] + ((2 * n - 1 - i) if strategy.gathers_for_backward else None,) + ch.bwd[i + 1:]
+    return ch._replace(strategies=strat, bwd=bwd)
 
 
 def _moves(ev: Evaluator, ch: Choice) -> list[tuple[float, int, object, object]]:
-    """(seconds saved per byte, unit, from, to), best first (DeepCompile's ranking)."""
+    """(seconds saved per byte, unit, from, to), best first (DeepCompile's ranking);
+    `to` None: stop checkpointing the unit (saves its recomputation)."""
     c = ev.c
     out = []
     for i, allowed in enumerate(ev.p.allowed):
-        comm = {FS: 2 * c.ag[i] + c.red[i][FS], SGO: c.ag[i] + c.red[i][SGO], REP: c.red[i][REP]}
-        held = {FS: 0, SGO: c.unsharded[i], REP: c.unsharded[i]}
-        rest = {k: c.shard[i][k] * c.state.at_rest for k in (FS, SGO, REP)}
+        comm = {k: c.agf[i][k] + c.agb[i][k] + c.red[i][k] for k in allowed}
+        cost_of = {k: c.held[i][k] + c.shard[i][k] * c.state.at_rest for k in allowed}
         for a in allowed:
             for b in allowed:
                 saved = comm[a] - comm[b]
-                cost = held[b] + rest[b] - held[a] - rest[a]
                 if MIN_FIRST.index(b) > MIN_FIRST.index(a) and saved > 0:
-                    out.append((saved / max(cost, 1), i, a, b))
+                    out.append((saved / max(cost_of[b] - cost_of[a], 1), i, a, b))
+        if ch.ckpt and ch.ckpt[i]:
+            out.append((c.fwd[i] / max(c.act[i] - c.inp[i], 1), i, None, None))
     return sorted(out, key=lambda m: -m[0])
 
 
 def upgrade(ev: Evaluator, ch: Choice, *, budget: int) -> Choice:
-    """Step 2: spend free memory on less sharding, best saving per byte first."""
+    """Step 2: spend free memory on less sharding and less recomputation, best
+    saving per byte first."""
     t = ev.seconds(ch)
     for _, i, a, b in _moves(ev, ch):
-        if ch.strategies[i] is not a:
+        if a is not None and ch.strategies[i] is not a:
             continue
         cand = _with(ch, i, b)
         if ev.peak(cand) <= budget:
@@ -160,7 +171,7 @@ def _hoisted(ch: Choice, *, fwd: dict | None = None, bwd: dict | None = None) ->
         f[i] = l
     for i, l in (bwd or {}).items():
         b[i] = l
-    return Choice(ch.strategies, tuple(f), tuple(b))
+    return ch._replace(fwd=tuple(f), bwd=tuple(b))
 
 
 def hoist_each(ev: Evaluator, ch: Choice, *, budget: int, ahead: int) -> Choice:
@@ -198,15 +209,30 @@ def hoist_uniform(ev: Evaluator, ch: Choice, *, budget: int, ahead: int) -> Choi
 
 
 def greedy(p: Problem, *, budget: int, ahead: int | None = None) -> Choice | None:
-    """Steps 1-3; None when even the least-memory schedule does not fit."""
+    """Steps 1-3; None when even the least-memory schedule does not fit.
+
+    [Note: two starts when checkpointing is allowed]
+    Upgrades are ranked per byte, so from an all-checkpointed start memory goes to
+    less sharding first and recomputation may never be switched off, though that
+    would be faster (GPT-3 175B at 80 GiB: every unit checkpointed and full_shard/node,
+    where no checkpointing fits). When the unchecked start fits too, both are run and
+    the faster kept (up to PER_AG_HOIST_UNITS units: beyond, a second climb costs
+    seconds of a 10 s budget, and there the MILP is not run to fix it either way)."""
     ev = Evaluator(p)
-    ch = least_memory(p)
-    if ev.peak(ch) > budget:
-        ch = fewer_gathers(ev, ch)
-        if ev.peak(ch) > budget:
+    least = least_memory(p)
+    if ev.peak(least) > budget:
+        least = fewer_gathers(ev, least)
+        if ev.peak(least) > budget:
             return None
     ahead = p.n if ahead is None else ahead
+    unchecked = least._replace(ckpt=())
+    starts = [least] + ([unchecked] if least.ckpt and p.n <= PER_AG_HOIST_UNITS and ev.peak(unchecked) <= budget
+                        else [])
+    return min((_climb(ev, ch, budget=budget, ahead=ahead) for ch in starts), key=ev.seconds)
+
+
+def _climb(ev: Evaluator, ch: Choice, *, budget: int, ahead: int) -> Choice:
     ch = upgrade(ev, ch, budget=budget)
-    if p.n > PER_AG_HOIST_UNITS:
+    if ev.p.n > PER_AG_HOIST_UNITS:
         return hoist_uniform(ev, ch, budget=budget, ahead=ahead)
     return hoist_each(ev, ch, budget=budget, ahead=ahead)

@@ -1,8 +1,11 @@
 """The schedule MILP for one grouping: strategies and AllGather launch points.
 
-Decisions (binary): z[i,k] unit i takes strategy k; xf[i,l] its forward
-AllGather is launched at step l; xb[i,l] its backward AllGather (full_shard
-only) at step l. Times (continuous, in units of `tscale` seconds), one set per
+Decisions (binary): z[i,k] unit i takes strategy k (replicate, shard_grad_op,
+full_shard, and across nodes full_shard_node, hybrid_shard, hybrid_shard_grad_op);
+ck[i] unit i is activation-checkpointed (when the Problem allows it); xf[i,l] its
+forward AllGather is launched at step l; xb[i,l] its backward AllGather (strategies
+that gather for backward: full_shard, full_shard_node, hybrid_shard; sum_l xb[i,l] =
+sum of their z[i,k]) at step l. Times (continuous, in units of `tscale` seconds), one set per
 compute step s = 0..2n (`sim.scenario` indexing):
   S[s] issue start of step s's AllGathers = max(Z[s-1], E[s-1])
   Z[s] channel free after step s's collectives (AllGathers, then its reduction)
@@ -14,13 +17,26 @@ step's own unsharding first, then its prefetch list in use order. That sum is
 linear in the binaries; the "compute u waits for it" constraint holds only when
 u's AllGather is launched at l, hence big-M. Every constraint is ">=" of a max-
 plus recurrence, so for fixed binaries the minimal E[2n] is the replay's step
-time (tests/plan/test_milp_vs_brute.py checks objective == replay).
+time (tests/solve/test_milp_vs_brute.py and test_levers_vs_brute.py check
+objective == replay == brute force).
+
+Strategy-dependent durations: an AllGather runs over the world or only the node
+(`cost.strategy`), so a launch's duration is sum_k sec[k] * xf[i,l] * z[i,k]. Each
+distinct duration gets one continuous y >= xf[i,l] + sum_{k in K} z[i,k] - 1 (K: the
+strategies with that duration); durations only ever delay (every time row is ">="),
+so at the optimum y sits on its bound, the product. Recomputation: unit i's backward
+step lasts bwd[i] + ck[i] * fwd[i] (in the E recurrence, the deadlines and the
+blocking rows).
 
 Memory: every moment `sim.memory.step_memory` evaluates (forward copy-out and
 compute; backward compute, reduce and full_shard copy-out; optimizer) is a
-linear expression of z and x, constrained <= budget. Running sums (persistent
-states, reduced gradients, live non-full_shard parameters) are auxiliary
-variables so rows stay short.
+linear expression of z, ck and x, constrained <= budget. Running sums (persistent
+states, reduced gradients, bytes held between forward and backward: the unsharded
+copy, hpZ's node-sized slice or nothing; retained activations A[i] = A[i-1] + act[i]
+- ck[i] (act[i] - input[i])) are auxiliary variables so rows stay short. A
+checkpointed unit's backward rows count its activations in full (recomputed); its
+backward copy-out row (gated by big-M on the gathering strategies' z) only its inputs
+and, for full_shard_node, its slice.
 
 Big-M: with the warm start's step time T_ub as an upper bound on E[2n] (a
 schedule worse than the start is useless), every AllGather ends by T_ub, so
@@ -36,14 +52,14 @@ from typing import NamedTuple
 import highspy
 import numpy as np
 
-from shardsched.cost.comm import Collective, collective_seconds
-from shardsched.cost.memory import shards
+from shardsched.cost.strategy import gather_seconds, held_after_forward, reduce_seconds, shard_count
 from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad, root_grad_bytes
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.plan.schedule import optimizer_seconds_per_param
 from shardsched.core.types import Strategy
 
 FS, SGO, REP = Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP, Strategy.REPLICATE
+FSN, HS, HSGO = Strategy.FULL_SHARD_NODE, Strategy.HYBRID_SHARD, Strategy.HYBRID_SHARD_GRAD_OP
 GiB = float(1 << 30)
 MEMORY_MARGIN_GIB = 0.5 / GiB
 """Rows are in GiB; keep half a byte below the budget (simulated bytes are integers) so solver tolerances never
@@ -110,15 +126,22 @@ def _add(a: dict, b: dict, sign: float = 1.0) -> dict:
 
 
 class Costs(NamedTuple):
-    """Per-unit constants of one Problem (seconds and bytes)."""
+    """Per-unit constants of one Problem (seconds and bytes); dicts are by strategy."""
 
-    ag: list[float]
+    agf: list[dict]
+    """Forward AllGather seconds."""
+    agb: list[dict]
+    """Backward AllGather seconds (0 for strategies that keep their parameters)."""
     red: list[dict]
     fwd: list[float]
     bwd: list[float]
+    """Backward seconds without recomputation (a checkpointed unit adds `fwd`)."""
     shard: list[dict]
+    held: list[dict]
+    """Bytes held from the end of forward to the backward copy-out (`cost.strategy`)."""
     unsharded: list[int]
-    """AllGather output bytes over the world (an upper bound for every strategy)."""
+    """AllGather output bytes padded over the world (pending prefetches: an upper bound for
+    every strategy, linear in the launch variables)."""
     ugrad: list[int]
     rsbuf: list[int]
     unsh_by: list[dict]
@@ -128,6 +151,8 @@ class Costs(NamedTuple):
     root_grad: int
     """Unsharded gradients of the root unit, live through backward (`sim.memory.root_grad_bytes`)."""
     act: list[int]
+    inp: list[int]
+    """Activations a checkpointed unit retains (its layers' inputs)."""
     ws: list[int]
     state: object
     input_bytes: int
@@ -137,26 +162,28 @@ class Costs(NamedTuple):
 
 
 def costs_of(p: Problem) -> Costs:
-    cl, w = p.cluster, p.cluster.world
-    sc = p.scenario(Choice(tuple(a[0] for a in p.allowed), tuple(range(p.n)), (None,) * p.n))
+    cl = p.cluster
+    sc = p.scenario(Choice(tuple(REP for _ in p.allowed), tuple(range(p.n)), (None,) * p.n))
     sb = sc.state
-    # FSDP2 pads dim 0 to the shard count (`UnitCost.padded_numel`); replicate units
-    # pad nothing, the padded size over the world bounds them from above.
-    ag = [collective_seconds(Collective.ALL_GATHER, c.padded_numel(w) * sb.unsharded_param, cl) for c in p.costs]
-    rs = [collective_seconds(Collective.REDUCE_SCATTER, c.padded_numel(w) * sb.reduce, cl) for c in p.costs]
-    ar = [collective_seconds(Collective.ALL_REDUCE, c.params * sb.reduce, cl) for c in p.costs]
-    return Costs(ag=ag, red=[{REP: a, SGO: r, FS: r} for a, r in zip(ar, rs)],
+    ks = tuple(Strategy)
+    # FSDP2 pads dim 0 to the strategy's shard count (`UnitCost.padded_numel`,
+    # `cost.strategy.shard_count`): every size that depends on the strategy is per strategy.
+    unsh_by = [{k: c.padded_numel(shard_count(k, cl)) * sb.unsharded_param for k in ks} for c in p.costs]
+    rs_by = [{k: c.padded_numel(shard_count(k, cl)) * sb.reduce for k in ks} for c in p.costs]
+    return Costs(agf=[{k: gather_seconds(k, b[k], cl, backward=False) for k in ks} for b in unsh_by],
+                 agb=[{k: gather_seconds(k, b[k], cl, backward=True) if k.gathers_for_backward else 0.0 for k in ks}
+                      for b in unsh_by],
+                 red=[{k: reduce_seconds(k, r[k], cl) for k in ks} for r in rs_by],
                  # from the scenario: it adds the device's per-unit host overhead
                  fwd=[c.forward_seconds for c in sc.units], bwd=[c.backward_seconds for c in sc.units],
-                 shard=[{k: c.shard_numel(shards(k, w)) for k in (REP, SGO, FS)} for c in p.costs],
-                 unsharded=[c.padded_numel(w) * sb.unsharded_param for c in p.costs],
+                 shard=[{k: c.shard_numel(shard_count(k, cl)) for k in ks} for c in p.costs],
+                 held=[{k: held_after_forward(k, b[k], cl) for k in ks} for b in unsh_by],
+                 unsharded=[c.padded_numel(cl.world) * sb.unsharded_param for c in p.costs],
                  ugrad=[c.params * sb.unsharded_grad for c in p.costs],
-                 rsbuf=[c.padded_numel(w) * sb.reduce for c in p.costs],
-                 unsh_by=[{k: c.padded_numel(shards(k, w)) * sb.unsharded_param for k in (REP, SGO, FS)}
-                          for c in p.costs],
-                 rs_by=[{k: c.padded_numel(shards(k, w)) * sb.reduce for k in (REP, SGO, FS)} for c in p.costs],
-                 root_grad=root_grad_bytes(sc),
-                 act=[c.activation_bytes for c in p.costs], ws=[c.workspace_bytes for c in p.costs],
+                 rsbuf=[c.padded_numel(cl.world) * sb.reduce for c in p.costs],
+                 unsh_by=unsh_by, rs_by=rs_by, root_grad=root_grad_bytes(sc),
+                 act=[c.activation_bytes for c in p.costs], inp=[c.input_bytes for c in p.costs],
+                 ws=[c.workspace_bytes for c in p.costs],
                  state=sb, input_bytes=sc.input_bytes, opt_factor=sc.optimizer_workspace_factor,
                  opt_per_param=optimizer_seconds_per_param(sb, cl))
 
@@ -181,52 +208,82 @@ class _Build:
         comp = self.c.fwd + self.c.bwd[::-1]
         self.tscale = max(sum(comp), 1e-12)  # times ~1: tolerances are relative to the step
         self.comp = [t / self.tscale for t in comp]
-        self.t_ub = (t_ub / self.tscale) * (1 + 1e-7) + 1e-9 if t_ub is not None else self._serial_bound()
         self.aux_defs: list[tuple[int, dict, float]] = []
+        self.products: list[tuple[int, int, tuple[int, ...]]] = []  # (column, launch col, z cols)
         self._decisions()
+        self.t_ub = (t_ub / self.tscale) * (1 + 1e-7) + 1e-9 if t_ub is not None else self._serial_bound()
         self._times()
         self._memory(budget)
 
     def _serial_bound(self) -> float:
         c = self.c
-        worst = sum(2 * a + max(r.values()) for a, r in zip(c.ag, c.red))
+        worst = sum(max(c.agf[i][k] + c.agb[i][k] + c.red[i][k] for k in self.z[i]) for i in range(self.n))
         opt = sum(s[REP] for s in c.shard) * c.opt_per_param
-        return (sum(self.comp) + (worst + opt) / self.tscale) * 1.01 + 1e-9
+        recompute = sum(c.fwd) if self.p.checkpointable else 0.0
+        return (sum(self.comp) + (worst + opt + recompute) / self.tscale) * 1.01 + 1e-9
 
     def _decisions(self) -> None:
         m, p = self.m, self.p
         self.z = [{k: m.var(integer=True) for k in p.allowed[i]} for i in range(self.n)]
         for i in range(self.n):
             m.row({v: 1.0 for v in self.z[i].values()}, 1.0, 1.0)
+        self.ck = [m.var(integer=True) if p.can_checkpoint(i) else None for i in range(self.n)]
         self.xf = [{l: m.var(integer=True) for l in self.fwin[i]} for i in range(self.n)]
-        self.w = []
         for i in range(self.n):
             m.row({v: 1.0 for v in self.xf[i].values()}, 1.0, 1.0)
-            if REP in self.z[i]:  # w = xf and not replicate: a replicate AllGather is free
-                w = {l: m.var() for l in self.fwin[i]}
-                for l in self.fwin[i]:
-                    m.row({w[l]: 1.0, self.xf[i][l]: -1.0, self.z[i][REP]: 1.0}, lo=0.0)
-            else:
-                w = self.xf[i]
-            self.w.append(w)
-        self.xb = [{l: m.var(integer=True) for l in self.bwin[i]} if FS in self.z[i] else {}
-                   for i in range(self.n)]
+        gathering = [[k for k in self.z[i] if k.gathers_for_backward] for i in range(self.n)]
+        self.xb = [{l: m.var(integer=True) for l in self.bwin[i]} if gathering[i] else {} for i in range(self.n)]
         for i in range(self.n):
             if self.xb[i]:
-                m.row(_add({v: 1.0 for v in self.xb[i].values()}, {self.z[i][FS]: -1.0}), 0.0, 0.0)
+                m.row(_add({v: 1.0 for v in self.xb[i].values()}, {self.z[i][k]: -1.0 for k in gathering[i]}),
+                      0.0, 0.0)
+        self.fdur = [self._durations(i, self.xf[i], self.c.agf[i]) for i in range(self.n)]
+        self.bdur = [self._durations(i, self.xb[i], self.c.agb[i]) for i in range(self.n)]
+
+    def _durations(self, i: int, launches: dict, seconds: dict) -> dict:
+        """launch step -> {column: scaled seconds}: the AllGather's duration when it is
+        launched there. Strategies gather over different groups, so the duration is
+        seconds[k] * x[l] * z[k]: one continuous y >= x + sum(z[K]) - 1 per distinct
+        duration (exact at the optimum: durations only ever delay, so y sits on its bound)."""
+        classes: dict[float, list] = {}
+        for k in self.z[i]:
+            if seconds[k] > 0:
+                classes.setdefault(seconds[k], []).append(k)
+        out = {}
+        for l, x in launches.items():
+            out[l] = {}
+            for sec, ks in classes.items():
+                if len(ks) == len(self.z[i]) or (launches is self.xb[i] and
+                                                 set(ks) == {k for k in self.z[i] if k.gathers_for_backward}):
+                    out[l][x] = sec / self.tscale  # every strategy that launches it: no product needed
+                    continue
+                y = self.m.var()
+                zs = tuple(self.z[i][k] for k in ks)
+                self.m.row(_add({y: 1.0, x: -1.0}, {v: -1.0 for v in zs}), lo=-1.0)
+                self.products.append((y, x, zs))
+                out[l][y] = sec / self.tscale
+        return out
 
     def zexpr(self, i: int, coef: dict) -> dict:
         return {v: coef[k] for k, v in self.z[i].items()}
 
     def _ag_at(self, l: int, max_use: int) -> dict:
         """Durations of the AllGathers launched at l with use <= max_use."""
-        n, c, ts, out = self.n, self.c, self.tscale, {}
+        n, out = self.n, {}
         for j in range(n):
-            if l in self.fwin[j] and j <= max_use:
-                out[self.w[j][l]] = c.ag[j] / ts
-            if l in self.xb[j] and 2 * n - 1 - j <= max_use:
-                out[self.xb[j][l]] = c.ag[j] / ts
+            if l in self.fdur[j] and j <= max_use:
+                out = _add(out, self.fdur[j][l])
+            if l in self.bdur[j] and 2 * n - 1 - j <= max_use:
+                out = _add(out, self.bdur[j][l])
         return out
+
+    def _recompute(self, s: int) -> dict:
+        """A checkpointed unit's backward step also runs its forward."""
+        n = self.n
+        if s < n or s >= 2 * n or self.ck[2 * n - 1 - s] is None:
+            return {}
+        i = 2 * n - 1 - s
+        return {self.ck[i]: self.c.fwd[i] / self.tscale}
 
     def _opt_seconds(self) -> dict:
         out = {}
@@ -241,16 +298,17 @@ class _Build:
         self.Z = [m.var(0.0, ub) for _ in range(2 * n)]
         self.E = [m.var(0.0, ub) for _ in range(2 * n + 1)]
         for s in range(2 * n):
+            rc = self._recompute(s)
             if s > 0:
                 m.ge({self.S[s]: 1.0}, {self.Z[s - 1]: 1.0})
                 m.ge({self.S[s]: 1.0}, {self.E[s - 1]: 1.0})
-                m.ge({self.E[s]: 1.0}, {self.E[s - 1]: 1.0}, self.comp[s])
+                m.ge({self.E[s]: 1.0}, _add({self.E[s - 1]: 1.0}, rc), self.comp[s])
             else:
                 m.ge({self.E[0]: 1.0}, {}, self.comp[0])
             self._channel(s)
             self._deadlines(s)
             if not self.p.cluster.device.overlap:  # blocking collectives: compute after the whole batch
-                m.ge({self.E[s]: 1.0}, _add({self.S[s]: 1.0}, self._ag_at(s, 2 * n)), self.comp[s])
+                m.ge({self.E[s]: 1.0}, _add(_add({self.S[s]: 1.0}, self._ag_at(s, 2 * n)), rc), self.comp[s])
         opt = self._opt_seconds()
         m.ge({self.E[2 * n]: 1.0}, _add({self.E[2 * n - 1]: 1.0}, opt))
         m.ge({self.E[2 * n]: 1.0}, _add({self.Z[2 * n - 1]: 1.0}, opt))
@@ -274,17 +332,16 @@ class _Build:
         i = u if u < n else 2 * n - 1 - u
         launches = self.xf[i] if u < n else self.xb[i]
         before = sum(self.comp[:u])
+        rc = self._recompute(u)
         for l, x in launches.items():
             big = max(self.t_ub - before, 0.0)
-            end = _add({self.S[l]: 1.0}, self._ag_at(l, u))
+            end = _add(_add({self.S[l]: 1.0}, self._ag_at(l, u)), rc)
             self.m.ge(_add({self.E[u]: 1.0}, {x: -big}), end, self.comp[u] - big)
 
     def _all_comm(self) -> dict:
-        out = {}
+        out, c, ts = {}, self.c, self.tscale
         for i in range(self.n):
-            a = self.c.ag[i] / self.tscale
-            out = _add(out, self.zexpr(i, {k: v / self.tscale + (a if k is not REP else 0.0)
-                                           + (a if k is FS else 0.0) for k, v in self.c.red[i].items()}))
+            out = _add(out, self.zexpr(i, {k: (c.agf[i][k] + c.agb[i][k] + c.red[i][k]) / ts for k in self.z[i]}))
         return out
 
     def _aux(self, terms: dict, const: float = 0.0) -> int:
@@ -308,11 +365,18 @@ class _Build:
         for i in reversed(range(n)):
             self.G[i] = self._aux(_add({self.G[i + 1]: 1.0},
                                        self.zexpr(i, {k: s * sb.grad * g for k, s in c.shard[i].items()})))
-        # U[i]: unsharded parameters of non-full_shard units before i (kept until their backward).
+        # U[i]: bytes units before i hold between their forward and their backward.
         self.U = [self._aux({})]
         for i in range(n - 1):
-            live = {k: (0.0 if k is FS else c.unsh_by[i][k] * g) for k in self.z[i]}
+            live = {k: c.held[i][k] * g for k in self.z[i]}
             self.U.append(self._aux(_add({self.U[-1]: 1.0}, self.zexpr(i, live))))
+        # A[i+1]: activations retained by units 0..i (a checkpointed unit keeps its inputs).
+        self.A = [({}, 0.0)]
+        for i in range(n):
+            terms, const = self.A[-1]
+            if self.ck[i] is not None:
+                terms = {self._aux(_add(terms, {self.ck[i]: (c.inp[i] - c.act[i]) * g})): 1.0}
+            self.A.append((terms, const + c.act[i] * g))
 
     def _pending(self, s: int, *, inclusive: bool) -> dict:
         """AllGather outputs launched (before / at) s and used after s."""
@@ -332,7 +396,6 @@ class _Build:
         c, n, g = self.c, self.n, 1.0 / GiB
         cap = budget * g - MEMORY_MARGIN_GIB
         self.mem_rows: list[tuple] = []  # (step, terms, const, gate column or None), for tests
-        act = np.concatenate([[0], np.cumsum(c.act)])  # act[i+1] = activations of units 0..i
         base = {self.PP: 1.0, self.PO: 1.0}
         for i in range(n):
             # Its unsharded parameters, its AllGather output and the previous unit's held
@@ -344,37 +407,43 @@ class _Build:
             prev = self.zexpr(i - 1, {k: forward_gathers(self.p.costs[i - 1], k) * c.unsh_by[i - 1][k] * g
                                       for k in self.z[i - 1]}) if i else {}
             live = _add(_add(base, {self.U[i]: 1.0}), own)
-            self._mem(i, _add(_add(_add(live, prev), extra), self._pending(i, inclusive=False)),
-                      (act[i] + c.input_bytes) * g, cap)
-            self._mem(i, _add(live, self._pending(i, inclusive=True)),
-                      (act[i + 1] + c.ws[i] // 2 + c.input_bytes) * g, cap)
+            (a0, k0), (a1, k1) = self.A[i], self.A[i + 1]
+            self._mem(i, _add(_add(_add(_add(live, prev), extra), a0), self._pending(i, inclusive=False)),
+                      k0 + c.input_bytes * g, cap)
+            self._mem(i, _add(_add(live, a1), self._pending(i, inclusive=True)),
+                      k1 + (c.ws[i] // 2 + c.input_bytes) * g, cap)
         for s in range(n, 2 * n):
-            self._backward_rows(s, base, act, cap)
+            self._backward_rows(s, base, cap)
         opt = {self.PP: 1.0 + c.opt_factor, self.PO: 1.0, self.G[0]: 1.0}
         self._mem(2 * n, opt, c.input_bytes * g, cap)
 
-    def _backward_rows(self, s: int, base: dict, act, cap: float) -> None:
+    def _backward_rows(self, s: int, base: dict, cap: float) -> None:
         """Backward of unit i frees its activations as it makes its gradients:
-        start (activations + workspace), end (gradients), reduce, and the
-        copy-out of its backward AllGather when it is full_shard."""
+        start (earlier units' retained activations and its own in full: recomputed
+        when checkpointed; + workspace), end (gradients), reduce, and the copy-out of
+        its backward AllGather when its strategy gathers for backward."""
         c, n, g = self.c, self.n, 1.0 / GiB
         i = 2 * n - 1 - s
         held_rs = self.zexpr(i + 1, {k: v * g for k, v in c.rs_by[i + 1].items() if k in self.z[i + 1]}) \
             if i + 1 < n else {}
         u = self.zexpr(i, {k: c.unsh_by[i][k] * g for k in self.z[i]})
         live = _add(base, {self.U[i]: 1.0, self.G[i + 1]: 1.0})
-        pend = _add(live, self._pending(s, inclusive=True))
+        (a0, k0), (a1, k1) = self.A[i], self.A[i + 1]
+        pend = _add(_add(live, a0), self._pending(s, inclusive=True))
         inp = c.input_bytes + (c.root_grad if holds_root_grad(i, n) else 0)  # `sim.memory.root_grad_bytes`
-        self._mem(s, _add(_add(pend, u), held_rs), (act[i + 1] + c.ws[i] + inp) * g, cap)
-        self._mem(s, _add(_add(pend, u), held_rs), (c.ugrad[i] + act[i] + c.ws[i] + inp) * g, cap)
+        self._mem(s, _add(_add(pend, u), held_rs), k0 + (c.act[i] + c.ws[i] + inp) * g, cap)
+        self._mem(s, _add(_add(pend, u), held_rs), k0 + (c.ugrad[i] + c.ws[i] + inp) * g, cap)
         self._mem(s, _add(pend, self.zexpr(i, {k: c.rs_by[i][k] * g for k in self.z[i]})),
-                  (c.ugrad[i] + act[i] + inp) * g, cap)
-        if FS in self.z[i]:  # counts only if full_shard: gate with big-M on z[i, FS]
-            terms = _add(_add(live, self._pending(s, inclusive=False)), held_rs)
-            const = (2 * c.unsh_by[i][FS] + act[i + 1] + inp) * g
+                  k0 + (c.ugrad[i] + inp) * g, cap)
+        gate = [self.z[i][k] for k in self.z[i] if k.gathers_for_backward]
+        if gate:  # counts only for those strategies: gate with big-M on their z
+            own = self.zexpr(i, {k: ((2 * c.unsh_by[i][k] + c.held[i][k]) * g if k.gathers_for_backward else 0.0)
+                                 for k in self.z[i]})
+            terms = _add(_add(_add(_add(live, a1), self._pending(s, inclusive=False)), held_rs), own)
+            const = k1 + inp * g
             big = self._bytes_bound() * g  # more than any moment can hold
-            self.m.row(_add(terms, {self.z[i][FS]: big}), hi=cap - const + big)
-            self.mem_rows.append((s, terms, const, self.z[i][FS]))
+            self.m.row(_add(terms, {v: big for v in gate}), hi=cap - const + big)
+            self.mem_rows.append((s, terms, const, tuple(gate)))
 
     def _bytes_bound(self) -> float:
         c = self.c
@@ -393,10 +462,12 @@ class _Build:
         for i in range(self.n):
             x[self.z[i][ch.strategies[i]]] = 1.0
             x[self.xf[i][ch.fwd[i]]] = 1.0
-            if self.w[i] is not self.xf[i]:
-                x[self.w[i][ch.fwd[i]]] = 0.0 if ch.strategies[i] is REP else 1.0
             if ch.bwd[i] is not None:
                 x[self.xb[i][ch.bwd[i]]] = 1.0
+            if self.ck[i] is not None and ch.ckpt and ch.ckpt[i]:
+                x[self.ck[i]] = 1.0
+        for y, launch, zs in self.products:
+            x[y] = max(0.0, x[launch] + sum(x[v] for v in zs) - 1.0)
         for v, terms, const in self.aux_defs:
             x[v] = const + sum(c * x[k] for k, c in terms.items())
         self._start_times(x)
@@ -413,7 +484,7 @@ class _Build:
             x[self.S[s]] = st = max(z_prev, e_prev)
             z = st + val(self._ag_at(s, 2 * n))
             ready = z if not self.p.cluster.device.overlap else self._ready(x, s)
-            x[self.E[s]] = e_prev = max(e_prev, ready) + self.comp[s]
+            x[self.E[s]] = e_prev = max(e_prev, ready) + self.comp[s] + val(self._recompute(s))
             if s >= n:
                 i = 2 * n - 1 - s
                 red = val(self.zexpr(i, {k: v / self.tscale for k, v in self.c.red[i].items()}))
@@ -436,9 +507,10 @@ class _Build:
     def choice(self, x: np.ndarray) -> Choice:
         strat = tuple(max(self.z[i], key=lambda k: x[self.z[i][k]]) for i in range(self.n))
         fwd = tuple(max(self.xf[i], key=lambda l: x[self.xf[i][l]]) for i in range(self.n))
-        bwd = tuple(max(self.xb[i], key=lambda l: x[self.xb[i][l]]) if strat[i] is FS else None
+        bwd = tuple(max(self.xb[i], key=lambda l: x[self.xb[i][l]]) if strat[i].gathers_for_backward else None
                     for i in range(self.n))
-        return Choice(strat, fwd, bwd)
+        ckpt = tuple(bool(c is not None and x[c] > 0.5) for c in self.ck)
+        return Choice(strat, fwd, bwd, ckpt if any(ckpt) else ())
 
 
 def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | None = None,

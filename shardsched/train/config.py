@@ -27,6 +27,9 @@ class TrainConfig:
     """Path of a plan.json to apply instead of making one."""
     memory_budget_bytes: int | None = None
     """Per-worker memory budget the planner must respect."""
+    gpus_per_node: int | None = None
+    """Workers per node (None: the whole world is one node); the plan carries it and
+    the node-aware strategies shard inside, and replicate across, groups of this size."""
     run_dir: str = "runs/default"
     """Where plan.json, metrics.jsonl, summary.json and checkpoints/ go."""
     checkpoint_every: int = 0

@@ -38,6 +38,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     a("--plan", default=None,
       help="plan.json to apply (from `shardsched plan --json`; with --resume: default the saved run's plan)")
     a("--memory-budget", default=None, help="per-worker memory budget, e.g. 2GiB, 512MiB")
+    a("--gpus-per-node", type=int, default=None,
+      help="workers per node; must divide the world (default: all workers on one node)")
     a("--run-dir", default=None, help="output directory (default runs/<timestamp>; with --resume: that run)")
     a("--checkpoint-every", type=int, default=None, help="save a checkpoint every N steps (default 0: never)")
     a("--resume", default=None, metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest usable checkpoint")
@@ -76,7 +78,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     run_dir = args.run_dir or resumed_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
     cfg = TrainConfig(**values, strategy=args.strategy, plan=args.plan, memory_budget_bytes=budget,
                       run_dir=run_dir, resume=args.resume, quiet=args.quiet,
-                      log_every=getattr(args, "log_every", 0))
+                      log_every=getattr(args, "log_every", 0),
+                      gpus_per_node=getattr(args, "gpus_per_node", None))
     check_config(cfg)  # ranges first: later checks (host memory, planning) assume them
     return cfg
 

@@ -90,7 +90,7 @@ def make_local_plan(cfg: TrainConfig, built: Built, *, world: int, profile: Prof
     device = run_device(cfg)
     profile = profile or local_profile(cfg, built, world=world, device=device)
     from shardsched.train.launcher import local_world_size
-    cluster = Cluster(world=world, gpus_per_node=local_world_size(world), device=device)
+    cluster = Cluster(world=world, gpus_per_node=cfg.gpus_per_node or local_world_size(world), device=device)
     budget, notes = cfg.memory_budget_bytes, ()
     if cfg.strategy in (None, "auto") and budget is None:
         budget = default_budget(profile, cluster, precision=precision, optimizer=Optimizer.ADAM)

@@ -89,6 +89,8 @@ def check_config(cfg: TrainConfig) -> None:
     check_int("seq", cfg.seq, lo=1, hi=MAX_SIZE)
     check_int("checkpoint_every", cfg.checkpoint_every, lo=0, hi=MAX_STEPS)
     check_int("eval_every", cfg.eval_every, lo=0, hi=MAX_STEPS)
+    if cfg.gpus_per_node is not None:
+        check_int("gpus_per_node", cfg.gpus_per_node, lo=1, hi=MAX_SIZE)
     check_positive_float("lr", cfg.lr, hi=MAX_LR)
     if cfg.precision not in _PRECISIONS:
         raise UsageError(f"--precision {cfg.precision!r}: accepted {', '.join(_PRECISIONS)}")
@@ -112,6 +114,9 @@ def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
     if cfg.resume:
         found = ckpt.find_checkpoint(cfg.resume, log=lambda m: print(m, file=sys.stderr))
         cfg = dataclasses.replace(cfg, resume=str(found))
+    if cfg.gpus_per_node is not None and world % cfg.gpus_per_node:
+        raise UsageError(f"--gpus-per-node {cfg.gpus_per_node} must divide the world {world} "
+                         f"(accepted: a divisor, e.g. 2 for 4 workers as 2 nodes of 2)")
     check_run_dir_is_free(cfg)
     for note in task.notes:  # only once the input is good: an error stays one line
         print(f"note: {note}", file=sys.stderr)

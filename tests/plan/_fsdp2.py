@@ -1,14 +1,34 @@
 """Run a plan on FSDP2 in one process standing for a worker of `world` (fake process group)
-and measure its peak with FSDPMemTracker (shared by the FSDP2 memory tests)."""
+and measure its peak with FSDPMemTracker, or MemTracker for plans that run on DDP (shared by
+the FSDP2 memory tests)."""
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from shardsched.runtime.memtrack import tracked_peak_bytes
 from shardsched.runtime.parallelize import parallelize
+
+
+def _no_op_allreduce(_, bucket):
+    """DDP's all-reduce on the fake process group: the fake PG's future carries no tensor,
+    which DDP refuses; the real all-reduce runs in place on the bucket, so returning the
+    bucket allocates exactly what it would."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def parallelize_on_fake_pg(model: torch.nn.Module, plan, world: int) -> torch.nn.Module:
+    """`parallelize` under the fake process group; a plan that runs on DDP (runtime/ddp.py)
+    gets the in-place no-op all-reduce above."""
+    model = parallelize(model, plan, mesh=init_device_mesh("cpu", (world,)))
+    if not isinstance(model, FSDPModule):
+        model.register_comm_hook(None, _no_op_allreduce)
+    return model
 
 
 def measured_peak(model: torch.nn.Module, inputs: tuple, plan, *, steps: int = 2) -> int:
@@ -16,7 +36,7 @@ def measured_peak(model: torch.nn.Module, inputs: tuple, plan, *, steps: int = 2
     world = plan.world
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     try:
-        parallelize(model, plan, mesh=init_device_mesh("cpu", (world,)))
+        parallelize_on_fake_pg(model, plan, world)
         opt = (torch.optim.Adam(model.parameters(), lr=1e-3) if plan.optimizer.value == "adam"
                else torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9))
 

@@ -7,15 +7,14 @@ and reduce buffers), and the collectives are no-ops.
 import pytest
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from shardsched.cost.device import DEVICES, Cluster
 from shardsched.solve.build import make_plan
 from shardsched.profile.measure import measure_profile
 from shardsched.runtime.memtrack import tracked_peak_bytes
-from shardsched.runtime.parallelize import parallelize
 from shardsched.models.gpt import GPT, GPTConfig
+from ._fsdp2 import parallelize_on_fake_pg
 
 CONFIGS = {
     # activation-heavy MLPs
@@ -40,11 +39,14 @@ def measured_and_predicted(cfg: GPTConfig, micro_batch: int, world: int, strateg
     profile = measure_profile(GPT(cfg), (x, y), name="t", repeats=1, warmup=0, compute_dtype=dtype)
     plan = make_plan(profile, Cluster(world=world, gpus_per_node=world, device=DEVICES["cpu"]),
                      strategy=strategy, precision=precision, optimizer=optimizer, fuse=False)
-    model = GPT(cfg)
+    return fsdp_peak(GPT(cfg), plan, world, x, y, optimizer), plan.predicted.peak_bytes
+
+
+def fsdp_peak(model, plan, world: int, x, y, optimizer: str) -> int:
+    """FSDPMemTracker's peak of two steps of `plan` on rank 0 of a fake world."""
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     try:
-        # ddp=False: this measures FSDP2, whose replicate units (in mixed plans) the model predicts.
-        parallelize(model, plan, mesh=init_device_mesh("cpu", (world,)), ddp=False)
+        parallelize_on_fake_pg(model, plan, world)
         opt = (torch.optim.Adam(model.parameters(), lr=1e-3) if optimizer == "adam"
                else torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9))
 
@@ -53,10 +55,9 @@ def measured_and_predicted(cfg: GPTConfig, micro_batch: int, world: int, strateg
             opt.step()
             opt.zero_grad()
 
-        measured = tracked_peak_bytes(model, opt, step, steps=2, inputs=(x, y))["Total"]
+        return tracked_peak_bytes(model, opt, step, steps=2, inputs=(x, y))["Total"]
     finally:
         dist.destroy_process_group()
-    return measured, plan.predicted.peak_bytes
 
 
 @pytest.mark.parametrize("world", [8, 64])

@@ -27,20 +27,26 @@ OVERLAP = Cluster(world=8, gpus_per_node=8,
                   device=dataclasses.replace(DEVICES["cpu"], overlap=True, unit_overhead_seconds=0.0))
 
 
-def synth(k: int, seed: int) -> Profile:
-    """Varied sizes and times; AllGathers (2 GB/s) comparable to compute, so choices matter."""
+def synth(k: int, seed: int, *, ckpt_saves: bool = False) -> Profile:
+    """Varied sizes and times; AllGathers (2 GB/s) comparable to compute, so choices matter.
+    Unless `ckpt_saves`, a layer's inputs are as large as its activations, so checkpointing
+    (which auto always may choose) never pays and the strategy-only brute force is the optimum."""
     r = random.Random(seed)
-    layers = tuple(LayerProfile(name=f"l{i}", params=r.choice([1, 3, 8]) * r.randint(1, 6) * 10**6,
-                                forward_seconds=r.uniform(2, 15) * 1e-3, backward_seconds=r.uniform(4, 30) * 1e-3,
-                                activation_bytes=r.randint(1, 60) * 10**6) for i in range(k))
-    return Profile(model="synth", layers=layers, fingerprint="synth", input_bytes=4096)
+    layers = []
+    for i in range(k):
+        act = r.randint(1, 60) * 10**6
+        layers.append(LayerProfile(name=f"l{i}", params=r.choice([1, 3, 8]) * r.randint(1, 6) * 10**6,
+                                   forward_seconds=r.uniform(2, 15) * 1e-3, backward_seconds=r.uniform(4, 30) * 1e-3,
+                                   activation_bytes=act, input_bytes=act // r.randint(3, 8) if ckpt_saves else act))
+    return Profile(model="synth", layers=tuple(layers), fingerprint="synth", input_bytes=4096)
 
 
 def random_choice(p, r: random.Random) -> Choice:
     st = tuple(r.choice(p.allowed[i]) for i in range(p.n))
     fwd = tuple(r.randint(0, i) for i in range(p.n))
-    bwd = tuple(r.randint(p.n, 2 * p.n - 1 - i) if s is Strategy.FULL_SHARD else None for i, s in enumerate(st))
-    return Choice(st, fwd, bwd)
+    bwd = tuple(r.randint(p.n, 2 * p.n - 1 - i) if s.gathers_for_backward else None for i, s in enumerate(st))
+    ckpt = tuple(r.random() < 0.5 for _ in range(p.n)) if p.checkpointable else ()
+    return Choice(st, fwd, bwd, ckpt if any(ckpt) else ())
 
 
 def budgets(problems) -> list[int]:
@@ -85,13 +91,17 @@ def test_memory_rows_and_evaluator_match_simulator():
     for p in candidate_problems(synth(5, 5), CLUSTER, **KW)[:5]:
         b, ev = milp._Build(p, budget=1 << 40, ahead=p.n, t_ub=None), Evaluator(p)
         for _ in range(20):
-            ch = random_choice(p, r)
-            sim = [m.total for m in step_memory(p.scenario(ch))]
-            assert [int(m) for m in ev.moments(ch)] == sim
-            x = b.start(ch)
-            rows = [0.0] * len(sim)
-            for s, terms, const, gate in b.mem_rows:
-                if gate is None or x[gate] > 0.5:
-                    rows[s] = max(rows[s], const + sum(c * x[k] for k, c in terms.items()))
-            assert [v * milp.GiB for v in rows] == pytest.approx(sim, abs=64)
-            assert x[b.E[-1]] * b.tscale == pytest.approx(replay(p.scenario(ch)).step_seconds, rel=1e-12)
+            check_rows_and_evaluator(p, b, ev, random_choice(p, r))
+
+
+def check_rows_and_evaluator(p, b, ev, ch: Choice) -> None:
+    """The MILP's memory rows and start times, and greedy's evaluator, against the simulator."""
+    sim = [m.total for m in step_memory(p.scenario(ch))]
+    assert [int(m) for m in ev.moments(ch)] == sim
+    x = b.start(ch)
+    rows = [0.0] * len(sim)
+    for s, terms, const, gate in b.mem_rows:
+        if gate is None or sum(x[g] for g in gate) > 0.5:
+            rows[s] = max(rows[s], const + sum(c * x[k] for k, c in terms.items()))
+    assert [v * milp.GiB for v in rows] == pytest.approx(sim, abs=64)
+    assert x[b.E[-1]] * b.tscale == pytest.approx(replay(p.scenario(ch)).step_seconds, rel=1e-12)

@@ -1,0 +1,1 @@
+"""`shardsched tradeoff`: step time against memory budget, auto plan vs every uniform configuration."""

@@ -1,0 +1,98 @@
+"""`shardsched tradeoff`: sweep budgets; print the table, write --csv and --png."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.table import Table
+
+from shardsched._fmt import console, fmt_bytes, fmt_seconds
+from shardsched.errors import UsageError
+from shardsched.models.spec import parse_model_spec
+from shardsched.core.types import Precision
+from shardsched.plan.command import cluster_from_args, write_atomic
+from shardsched.profile.resolve import profile_for
+from shardsched.tradeoff.sweep import auto_budgets, csv_text, mix_label, parse_budgets, sweep
+
+DEFAULT_POINTS = 12
+
+
+def add_tradeoff_arguments(p: argparse.ArgumentParser) -> None:
+    a = p.add_argument
+    a("--model", default="gpt2", help="preset, gpt:key=value,... or python:module:function (default gpt2)")
+    a("--world", type=int, default=8, help="data-parallel workers (default 8)")
+    a("--gpus-per-node", type=int, default=None, help="workers per node; must divide --world (default min(8, world))")
+    a("--device", default=None, help="device preset (default h100; cpu for python: models)")
+    a("--micro-batch", type=int, default=1, help="sequences per worker per step (default 1)")
+    a("--seq", type=int, default=None, help="tokens per sequence (default: the model's)")
+    a("--precision", choices=[p.value for p in Precision], default=None,
+      help="fp32 or bf16-mixed (default bf16-mixed on GPUs, fp32 on cpu)")
+    a("--optimizer", choices=["adam", "sgd"], default="adam")
+    a("--budgets", default=None, help="LO:HI:N, e.g. 16GiB:80GiB:12 (default: N=12 from the least-memory plan "
+                                      "to where every uniform configuration fits)")
+    a("--time-limit", type=float, default=4.0, help="seconds for each auto plan (default 4)")
+    a("--csv", default=None, help="write one row per budget: composition and every configuration's step time")
+    a("--png", default=None, help="write the figure: step time vs budget, one line per configuration")
+    a("--measure", action="store_true", help="profile a preset by running it on this machine")
+
+
+def _check_out(flag: str, path: str | None) -> None:
+    if path and str(Path(path).parent) not in ("", ".") and not Path(path).parent.is_dir():
+        raise UsageError(f"{flag} {path}: directory {Path(path).parent} does not exist; accepted: a path in an "
+                         f"existing directory")
+
+
+def run_tradeoff(args: argparse.Namespace) -> int:
+    spec = parse_model_spec(args.model)
+    cluster = cluster_from_args(args, python_model=spec.config is None)
+    budgets = parse_budgets(args.budgets) if args.budgets else None
+    _check_out("--csv", args.csv)
+    _check_out("--png", args.png)
+    precision = Precision(args.precision or ("fp32" if cluster.device.name == "cpu" else "bf16-mixed"))
+    profile = profile_for(spec, micro_batch=args.micro_batch, seq=args.seq, device=cluster.device,
+                          precision=precision, measure=args.measure)
+    kw = dict(precision=precision, optimizer=_opt(args.optimizer))
+    budgets = budgets or auto_budgets(profile, cluster, n=DEFAULT_POINTS, **kw)
+    points = sweep(profile, cluster, budgets, time_limit=args.time_limit, **kw)
+    if args.csv:
+        write_atomic(args.csv, csv_text(points, cluster))
+    if args.png:
+        from shardsched.tradeoff.plot import tradeoff_png
+        _png_atomic(args.png, points, title=f"{profile.model}: {cluster.world} x {cluster.device.name}, "
+                                            f"{cluster.gpus_per_node} per node")
+    console().print(table(points))
+    return 0
+
+
+def _opt(name: str):
+    from shardsched.core.types import Optimizer
+    return Optimizer(name)
+
+
+def _png_atomic(path: str, points, *, title: str) -> None:
+    from shardsched.tradeoff.plot import tradeoff_png
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", prefix=f".{target.name}.",
+                               suffix=".png")
+    os.close(fd)
+    try:
+        tradeoff_png(tmp, points, title=title)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def table(points) -> Table:
+    t = Table(title="predicted step time by per-worker budget (- : does not fit)", title_justify="left")
+    names = list(points[0].uniform)
+    for col in ("budget", "auto", "auto mix", *names):
+        t.add_column(col, justify="left" if col == "auto mix" else "right", no_wrap=True)
+    for p in points:
+        best = p.auto.predicted.step_seconds if p.auto else None
+        t.add_row(fmt_bytes(p.budget), fmt_seconds(best), mix_label(p.auto),
+                  *[fmt_seconds(p.uniform[n].seconds) if p.fits(n) else "-" for n in names])
+    return t
