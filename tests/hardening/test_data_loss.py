@@ -19,7 +19,7 @@ from shardsched.train import checkpoint as ckpt
 from shardsched.train.launcher import launch
 from shardsched.train.safe_dcp import SafeFileSystemReader, UnsafeCheckpoint
 
-from train._helpers import TINY, tiny_config, train_worker
+from tests.train._helpers import TINY, tiny_config, train_worker
 
 ARGS = ["--model", TINY, "--seq", "16", "--batch", "4", "--strategy", "full_shard", "--nproc", "2", "--quiet"]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from train._helpers import TINY
+from tests.train._helpers import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = [sys.executable, "-m", "shardsched", "train", "--steps", "3", "--model", TINY, "--seq", "16",
