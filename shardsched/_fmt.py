@@ -105,7 +105,9 @@ def span_name(first: str, last: str) -> str:
 
 def short_name(name: str) -> str:
     """"blocks.0.ln1..blocks.0.attn" -> "blocks.0.ln1..attn": a fused unit's last layer
-    without the prefix it shares with the first."""
+    without the prefix it shares with the first; the root unit (named "") is "(root)"."""
+    if not name:
+        return "(root)"
     first, sep, last = name.partition("..")
     if not sep:
         return name

@@ -47,7 +47,9 @@ def load_replica(path: Path, *, rank: int, world: int) -> tuple[dict, dict]:
     """(this rank's state, meta.json); UsageError when the checkpoint is not a
     gossip checkpoint of `world` replicas."""
     meta = check_resumable(path, world=world)
-    state = torch.load(rank_file(path, rank), weights_only=False)
+    # weights_only: a run directory must never run code (a pickle may; tensors, dicts
+    # and numbers are all a replica's state holds).
+    state = torch.load(rank_file(path, rank), weights_only=True)
     torch.set_rng_state(state.pop("rng"))
     return state, meta
 

@@ -74,7 +74,12 @@ def _hf_model(config, task: str) -> nn.Module:
     import transformers as tf
     auto = {"causal": tf.AutoModelForCausalLM, "masked": tf.AutoModelForMaskedLM,
             "seq2seq": tf.AutoModelForSeq2SeqLM, "vision": tf.AutoModelForImageClassification}[task]
-    return auto.from_config(config)
+    try:
+        return auto.from_config(config)
+    except Exception as e:  # transformers checks the config here (e.g. heads must divide the width)
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UsageError(f"hf: transformers cannot build a {config.model_type} model from this config ({msg}); "
+                         f"fix the config or its key=value overrides") from None
 
 
 def _wrap(model: nn.Module, config, task: str) -> nn.Module:

@@ -117,7 +117,10 @@ def _manifest_entries(marker: Path, step: int | None) -> list[dict]:
         if not ok:
             raise ValueError(f"COMPLETE marker entry {i} is malformed")
     listed = {e["file"] for e in files}
-    for needed in (METADATA_FILE, META):
+    # DCP's .metadata, except in gossip checkpoints: one `rank_<r>.pt` per replica
+    # (gossip/checkpoint.py), each loaded with weights_only.
+    replicas = listed and all(f == META or (f.startswith("rank_") and f.endswith(".pt")) for f in listed)
+    for needed in (META,) if replicas else (METADATA_FILE, META):
         if needed not in listed:
             raise ValueError(f"COMPLETE marker does not list {needed}")
     return files

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from shardsched._fmt import console as default_console
-from shardsched._fmt import fmt_bytes, fmt_seconds, runs, span_name
+from shardsched._fmt import fmt_bytes, fmt_seconds, runs, short_name, span_name
 
 
 def print_summary(summary: dict) -> None:
@@ -38,7 +38,7 @@ def folded_units(units: list[dict]) -> list[tuple[str, str]]:
     rows = []
     for a, b in runs(units, key=lambda u: (u["strategy"], len(u["layers"]))):
         if b - a < 2:
-            rows.extend((u["name"], u["strategy"]) for u in units[a:b + 1])
+            rows.extend((short_name(u["name"]), u["strategy"]) for u in units[a:b + 1])
         else:
-            rows.append((span_name(units[a]["name"], units[b]["name"]), f"{units[a]['strategy']} x{b - a + 1}"))
+            rows.append((short_name(span_name(units[a]["name"], units[b]["name"])), f"{units[a]['strategy']} x{b - a + 1}"))
     return rows

@@ -1,6 +1,7 @@
 """examples/own_loop.py runs as documented: 2 gloo workers, a mixed automatic plan, and the
 same losses as one process training on the whole batch without sharding."""
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -40,7 +41,8 @@ def test_own_loop_example_matches_one_process(tmp_path, capfd):
     out = tmp_path / "losses.pt"
     launch(ex.worker, nproc=2, args=(str(out),))
     printed = capfd.readouterr().out
-    assert "full_shard" in printed and "shard_grad_op" in printed  # the budget forces a mixed plan
+    options = set(re.search(r"units \((.*?)\)", printed).group(1).split(", "))
+    assert len(options) >= 2, printed  # the budget forces a mixed plan (strategies or checkpointing)
     losses = torch.load(out)
     assert len(losses) == ex.STEPS and losses[-1] < losses[0] - 1.0
     assert losses == pytest.approx(reference(ex), rel=1e-5)

@@ -206,7 +206,7 @@ def _flag_cases(work: Path) -> list[tuple[list[str], str]]:
         (["--checkpoint-every", "-1"], "--checkpoint-every"), (["--eval-every", "-2"], "--eval-every"),
         (["--model", "gpt:layers=100000000"], "layers"), (["--run-dir", "afile"], "is a file"),
         (["--run-dir", "afile/sub"], "under the file"), (["--run-dir", "/proc/run"], "cannot write"),
-        (["--resume", "nowhere"], "no such directory"), (["--model", "python:os:getcwd"], "GPT"),
+        (["--resume", "nowhere"], "no such directory"), (["--model", "python:os:getcwd"], "must return (model, example_inputs)"),
     ]
     return [(["plan", "--device", "cpu", *a], f) for a, f in plan_flags] + \
            [([*TRAIN, *a], f) for a, f in train_flags]

@@ -90,8 +90,10 @@ def test_checkpoint_and_resume_on_another_worker_count(tmp_path, capsys):
     common = ["--steps", "6", "--lr", "0.01", "--strategy", "full_shard", "--quiet"]
     assert main(["train", "--model", spec("mlp_batches"), "--nproc", "2", "--checkpoint-every", "3",
                  "--run-dir", str(first), *common]) == 0
+    # --model again: a run directory never makes shardsched import code (issue 9).
     assert main(["train", "--resume", str(first / "checkpoints" / "step_000003"), "--nproc", "1",
-                 "--strategy", "full_shard", "--run-dir", str(second), "--quiet"]) == 0
+                 "--model", spec("mlp_batches"), "--strategy", "full_shard", "--run-dir", str(second),
+                 "--quiet"]) == 0
     capsys.readouterr()
 
     def losses(run):
