@@ -149,7 +149,8 @@ def verify(path: Path) -> str | None:
         if _sha256(f) != entry["sha256"]:
             return f"{entry['file']} fails its checksum"
     try:
-        read_metadata_file(path)
+        if METADATA_FILE in {e["file"] for e in files}:  # DCP's; gossip checkpoints have none
+            read_metadata_file(path)
         _check_meta(read_meta(path))
     except (UnsafeCheckpoint, ValueError, OSError) as e:
         return str(e) or type(e).__name__
@@ -160,6 +161,8 @@ def _check_meta(meta) -> None:
     """meta.json as save_checkpoint writes it: a step and a CPU RNG state of bytes."""
     if not isinstance(meta, dict) or type(meta.get("step")) is not int or meta["step"] < 0:
         raise ValueError(f"{META} has no valid step")
+    if meta.get("layout") == "gossip-replicas":
+        return  # each replica's RNG state is in its own rank file
     rng = meta.get("rng")
     if not (isinstance(rng, list) and rng and all(type(b) is int and 0 <= b < 256 for b in rng)):
         raise ValueError(f"{META} has no valid RNG state")
