@@ -30,8 +30,9 @@ compute step where it happens; none is dropped.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
+import torch
 import torch.nn as nn
 
 from shardsched.errors import UsageError
@@ -181,3 +182,16 @@ def candidates(model: nn.Module, layers: Sequence[str] | None = None) -> list[st
 def dims(params: Sequence[nn.Parameter]) -> tuple[tuple[int, int], ...]:
     """(dim-0 size, numel) per parameter: FSDP2 pads dim 0 to a multiple of the shard count."""
     return tuple((int(p.shape[0]) if p.dim() else 1, int(p.numel())) for p in params)
+
+
+def tensors_in(x: Any) -> list[torch.Tensor]:
+    """Every tensor in nested tuples, lists, dicts and HF ModelOutputs (traced and measured profiles)."""
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for v in x for t in tensors_in(v)]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in tensors_in(v)]
+    if hasattr(x, "to_tuple") and callable(x.to_tuple):  # HF ModelOutput
+        return tensors_in(x.to_tuple())
+    return []

@@ -94,7 +94,7 @@ class _Hooks:
     def _attach(self, module: nn.Module, name: str) -> None:
         def pre(m, args):
             # What a checkpointed layer keeps: its floating inputs (integer tokens are example inputs).
-            self.input_bytes[name] = sum(t.nbytes for t in _tensors(args) if t.is_floating_point())
+            self.input_bytes[name] = sum(t.nbytes for t in L.tensors_in(args) if t.is_floating_point())
             self.first_seen.setdefault(name, len(self.first_seen))
             if name in self.layer_set:
                 self.last_layer = name
@@ -163,7 +163,7 @@ def _measure_activations(model: nn.Module, inputs: tuple, hooks: _Hooks) -> tupl
     none of them counts as an activation. Also the largest saved storage per
     layer: backward materialises gradients of about two such tensors at once,
     which is the layer's transient workspace (`LayerProfile.workspace_bytes`)."""
-    exclude = {_storage(t)[0] for t in [*model.parameters(), *model.buffers(), *_tensors(inputs)]
+    exclude = {_storage(t)[0] for t in [*model.parameters(), *model.buffers(), *L.tensors_in(inputs)]
                if _storage(t)}
     acts: dict[str, int] = defaultdict(int)
     largest: dict[str, int] = defaultdict(int)
@@ -216,16 +216,6 @@ def _timed_steps(model: nn.Module, inputs: tuple, hooks: _Hooks, *, repeats: int
 def stable(seconds: float, digits: int = 2) -> float:
     """Round to `digits` significant figures, so jitter below that cannot change a plan."""
     return float(f"{seconds:.{digits - 1}e}") if seconds > 0 else 0.0
-
-
-def _tensors(inputs: Any) -> list[torch.Tensor]:
-    if isinstance(inputs, torch.Tensor):
-        return [inputs]
-    if isinstance(inputs, (tuple, list)):
-        return [t for x in inputs for t in _tensors(x)]
-    if isinstance(inputs, dict):
-        return [t for x in inputs.values() for t in _tensors(x)]
-    return []
 
 
 def _in_dtype(model: nn.Module, inputs: tuple, compute_dtype: str) -> tuple[nn.Module, tuple]:
@@ -281,7 +271,7 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
         profiles.append(lp(n, asg.params[n], kids))
     micro_batch, seq = batch_and_seq(inputs)
     return Profile(model=name, layers=tuple(profiles), fingerprint=fp, compute_dtype=compute_dtype,
-                   micro_batch=micro_batch, seq=seq, input_bytes=sum(t.nbytes for t in _tensors(inputs)),
+                   micro_batch=micro_batch, seq=seq, input_bytes=sum(t.nbytes for t in L.tensors_in(inputs)),
                    source="measured", tied=asg.tied, extra={"torch": torch.__version__, "threads": torch.get_num_threads(),
                                              "repeats": repeats, "warmup": warmup})
 

@@ -96,7 +96,7 @@ class _Tracer:
             if name in self.layer_set:
                 if name not in self.ran:
                     self.ran.append(name)
-                    self.stats.inputs[name] = _nbytes(_tensors((args, kwargs)))
+                    self.stats.inputs[name] = _nbytes(L.tensors_in((args, kwargs)))
                 self.last = name
             elif name not in self.kids_ran:
                 self.kids_ran.append(name)
@@ -139,7 +139,7 @@ class _Tagger(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if torch._C._current_autograd_node() is None:
-            for t in _tensors(out):
+            for t in L.tensors_in(out):
                 if t.grad_fn is not None and _TAG not in t.grad_fn.metadata:
                     t.grad_fn.metadata[_TAG] = self.tracer.forward_key()
         return out
@@ -160,24 +160,12 @@ class _Counter(fc.FlopCounterMode):
             for k in keys:
                 st.flops[phase][k][_op_class(func_packet)] += flops
         else:
-            outs, ins = _tensors(out), _tensors((args, kwargs))
+            outs, ins = L.tensors_in(out), L.tensors_in((args, kwargs))
             in_keys = {_storage_key(t) for t in ins}
             if any(_storage_key(t) not in in_keys for t in outs):  # a fresh result: not a view or in-place
                 for k in keys:
                     st.moved[phase][k] += _nbytes(ins) + _nbytes(outs)
         return out
-
-
-def _tensors(x: Any) -> list[torch.Tensor]:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (tuple, list)):
-        return [t for v in x for t in _tensors(v)]
-    if isinstance(x, dict):
-        return [t for v in x.values() for t in _tensors(v)]
-    if hasattr(x, "to_tuple") and callable(x.to_tuple):  # HF ModelOutput
-        return _tensors(x.to_tuple())
-    return []
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -233,7 +221,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     state = _fake_state(model, dtype, mode)
     fake_inputs = _fake_inputs(inputs, dtype, mode)
-    exclude = {_storage_key(t) for t in [*state.values(), *_tensors(fake_inputs)]}
+    exclude = {_storage_key(t) for t in [*state.values(), *L.tensors_in(fake_inputs)]}
     tracer = _Tracer(model, names, children)
     kept: list[torch.Tensor] = []  # keep saved storages alive: no StorageImpl reuse while we dedupe
 
@@ -437,5 +425,5 @@ def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
     from shardsched.profile.measure import batch_and_seq
     micro_batch, seq = batch_and_seq(inputs)
     return Profile(model=name, layers=tuple(out), fingerprint=fingerprint(model), compute_dtype=compute_dtype,
-                   micro_batch=micro_batch, seq=seq, input_bytes=sum(_nbytes([t]) for t in _tensors(inputs)),
+                   micro_batch=micro_batch, seq=seq, input_bytes=sum(_nbytes([t]) for t in L.tensors_in(inputs)),
                    source="traced", tied=asg.tied, extra={"device": device.name, "torch": torch.__version__})

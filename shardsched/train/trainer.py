@@ -199,27 +199,18 @@ def _measure_cpu_peak(run: _Run) -> int | None:
     its hook restoration is wrong for units of several layers (it leaves
     grouped FSDP states patched), so the model that trains never sees it.
     """
+    from shardsched.runtime.memtrack import tracked_peak_bytes
     from shardsched.runtime.parallelize import parallelize
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker
-    from torch.distributed.fsdp import FSDPModule
     cfg, world = run.cfg, run.mesh.size()
     model = parallelize(build(cfg, world=world).model, run.plan, mesh=run.mesh)
     opt = build_optimizer(model, cfg)
     batches = [run.task.train_batch(s, run.rank, world) for s in range(MEASURED_STEPS)]
-    if isinstance(model, FSDPModule):
-        tracker = FSDPMemTracker(model, opt)
-        tracker.track_inputs(batches[0])
-    else:  # a DDP-replicated model (runtime/ddp.py): the generic tracker
-        tracker = MemTracker()
-        tracker.track_external(model, opt, *batches[0])
-    with tracker:
-        for inputs in batches:
-            model(*inputs).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            tracker.reset_mod_stats()  # the tracker refuses a second iteration otherwise
-    return int(tracker.get_tracker_snapshot("peak")[run.device]["Total"])
+
+    def step(i: int) -> None:
+        model(*batches[i]).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return tracked_peak_bytes(model, opt, step, steps=MEASURED_STEPS, inputs=batches[0])["Total"]
 
 
 def _measure_cpu_peak_or_warn(run: _Run) -> int | None:
