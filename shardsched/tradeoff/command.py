@@ -63,7 +63,7 @@ def run_tradeoff(args: argparse.Namespace) -> int:
         from shardsched.tradeoff.plot import tradeoff_png
         _png_atomic(args.png, points, title=f"{profile.model}: {cluster.world} x {cluster.device.name}, "
                                             f"{cluster.gpus_per_node} per node")
-    console().print(table(points))
+    console(wide=True).print(table(points))  # one column per uniform strategy: 17 columns
     return 0
 
 
@@ -86,11 +86,24 @@ def _png_atomic(path: str, points, *, title: str) -> None:
             os.unlink(tmp)
 
 
+# Short headers so that all twelve uniform columns fit 200 columns; the CSV keeps the full names.
+SHORT = {"replicate": "DDP", "shard_grad_op": "ZeRO-2", "full_shard": "ZeRO-3", "full_shard/node": "Z3/node",
+         "hybrid_shard": "HSDP", "hybrid_shard_grad_op": "HSDP-Z2"}
+
+
+def short_name(name: str) -> str:
+    base, ckpt = name.removesuffix("+ckpt"), name.endswith("+ckpt")
+    return SHORT.get(base, base) + ("+ck" if ckpt else "")
+
+
 def table(points) -> Table:
-    t = Table(title="predicted step time by per-worker budget (- : does not fit)", title_justify="left")
+    t = Table(title="predicted step time by per-worker budget (- : does not fit)", title_justify="left",
+              caption="DDP replicate, ZeRO-2 shard_grad_op, ZeRO-3 full_shard, Z3/node full_shard within a node, "
+                      "HSDP hybrid_shard, +ck activation checkpointing", caption_justify="left")
     names = list(points[0].uniform)
-    for col in ("budget", "auto", "auto mix", *names):
-        t.add_column(col, justify="left" if col == "auto mix" else "right", no_wrap=True)
+    for col in ("budget", "auto", "auto mix", *map(short_name, names)):
+        t.add_column(col, justify="left" if col == "auto mix" else "right", no_wrap=col != "auto mix",
+                     min_width=9 if col != "auto mix" else 20)
     for p in points:
         best = p.auto.predicted.step_seconds if p.auto else None
         t.add_row(fmt_bytes(p.budget), fmt_seconds(best), mix_label(p.auto),
