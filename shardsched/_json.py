@@ -101,6 +101,8 @@ def _convert(tp: Any, value: Any, where: str) -> Any:
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ValueError(f"{where}: expected an object")
+        if len(args) == 2:
+            return {str(k): _convert(args[1], v, f"{where}[{k!r}]") for k, v in value.items()}
         return dict(value)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return from_dict(tp, value)

@@ -36,17 +36,19 @@ def collective_seconds(kind: Collective, nbytes: float, cluster: Cluster) -> flo
     passes = 2 if kind is Collective.ALL_REDUCE else 1
     g, nodes = cluster.local, cluster.nodes
     dev = cluster.device
+    intra = dev.intra_link(kind.value)
     if nodes == 1:
-        return _ring(dev.intra, g, nbytes, passes=passes)
+        return _ring(intra, g, nbytes, passes=passes)
     # Hierarchical: each worker's inter-node ring carries 1/g of the message.
     return (_ring(dev.inter, nodes, nbytes / g, passes=passes)
-            + _ring(dev.intra, g, nbytes, passes=passes))
+            + _ring(intra, g, nbytes, passes=passes))
 
 
 def node_seconds(kind: Collective, nbytes: float, cluster: Cluster) -> float:
     """A collective inside one node only (HSDP's shard group, hpZ's post-forward group):
     an intra-node ring over the node's workers, whatever the world."""
-    return _ring(cluster.device.intra, cluster.local, nbytes, passes=2 if kind is Collective.ALL_REDUCE else 1)
+    return _ring(cluster.device.intra_link(kind.value), cluster.local, nbytes,
+                 passes=2 if kind is Collective.ALL_REDUCE else 1)
 
 
 def across_seconds(kind: Collective, nbytes: float, cluster: Cluster) -> float:

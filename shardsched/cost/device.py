@@ -43,9 +43,20 @@ class DeviceSpec:
     dispatch in the optimizer). Hidden behind asynchronous kernels on GPUs; on
     CPU it is paid in line: ~3 ms per unit measured here (tiny GPT, 6 units,
     world 1: 67 ms per step under fully_shard vs 49 ms plain)."""
+    tensor_overhead_seconds: float = 0.0
+    """Host time FSDP2 spends per parameter tensor per step, beyond `unit_overhead_seconds`:
+    the optimizer steps DTensors, and every foreach op dispatches through DTensor per
+    tensor (AdamW on this 2-core CPU: ~0.4 ms per tensor against ~0.1 ms on plain
+    tensors; a tiny GPT's 53 tensors cost 27 ms against 6 ms). Measured by `shardsched
+    profile`; 0 on the presets (GPU hosts run ahead of their kernels)."""
     efficiency: dict[str, float] = field(default_factory=dict)
     """Fraction of `peak_flops` reached per op class ("matmul", "attention", ...),
     as fitted on a machine by `shardsched profile`; a class not listed runs at `mfu`."""
+    collectives: dict[str, Link] = field(default_factory=dict)
+    """The intra-node link fitted per collective ("all_gather", "reduce_scatter",
+    "all_reduce") by `shardsched profile`; a collective not listed uses `intra`.
+    One fit misprices backends whose collectives differ in algorithm: gloo runs
+    ReduceScatter as an AllReduce plus a copy (about 3x an AllGather's time here)."""
     overlap: bool = True
     """Whether communication runs beside compute. NCCL collectives run on their
     own CUDA streams (FSDP2's all-gather and reduce-scatter streams), so they
@@ -55,6 +66,10 @@ class DeviceSpec:
     @property
     def flops(self) -> float:
         return self.peak_flops * self.mfu
+
+    def intra_link(self, collective: str) -> Link:
+        """The intra-node link one collective kind runs at (`collectives`, else `intra`)."""
+        return self.collectives.get(collective, self.intra)
 
     def compute_seconds(self, flops_by_class: dict[str, float]) -> float:
         """Time of the given FLOPs, each op class at its own efficiency."""

@@ -12,7 +12,7 @@ import dataclasses
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
 from shardsched.cost.strategy import shard_count
-from shardsched.core.types import Plan, Unit
+from shardsched.core.types import Plan, Precision, Strategy, Unit
 from shardsched.plan.units import unit_cost
 from shardsched.profile.types import Profile
 from shardsched.sim.scenario import Scenario, UnitCost
@@ -61,14 +61,33 @@ def optimizer_seconds_per_param(sb, cluster: Cluster) -> float:
     return sb.at_rest * 2 / cluster.device.memory_bandwidth
 
 
+def runs_on_ddp_for(strategies, precision: Precision) -> bool:
+    """`runtime.ddp.runs_on_ddp` for a scenario's strategies: every unit replicate in
+    fp32 runs on DDP, which pays none of FSDP2's host work (no DTensor, no copy-in/out).
+    The MILP prices every choice with that work; `auto` still picks an all-replicate
+    plan when it is fastest, since its final choice is by the simulator."""
+    return precision is Precision.FP32 and all(s is Strategy.REPLICATE for s in strategies)
+
+
+def with_host_overhead(c, cluster: Cluster):
+    """A unit's cost plus FSDP2's host work on it (per unit, and per parameter tensor:
+    `DeviceSpec.tensor_overhead_seconds`), split over its forward and its backward. In
+    the units' compute, not the optimizer's, so the MILP (which reads these seconds)
+    and the simulator price it alike."""
+    dev = cluster.device
+    half = (dev.unit_overhead_seconds + dev.tensor_overhead_seconds * len(c.dims)) / 2
+    if not half:
+        return c
+    return dataclasses.replace(c, forward_seconds=c.forward_seconds + half,
+                               backward_seconds=c.backward_seconds + half)
+
+
 def make_scenario(costs, strategies, fwd, bwd, *, plan: Plan | None = None, profile: Profile,
                   cluster: Cluster, precision=None, optimizer=None, checkpoint=()) -> Scenario:
     precision = precision or plan.precision
     optimizer = optimizer or plan.optimizer
-    half = cluster.device.unit_overhead_seconds / 2  # FSDP2's host work, split over forward and backward
-    if half:
-        costs = [dataclasses.replace(c, forward_seconds=c.forward_seconds + half,
-                                     backward_seconds=c.backward_seconds + half) for c in costs]
+    if not runs_on_ddp_for(strategies, precision):
+        costs = [with_host_overhead(c, cluster) for c in costs]
     sb = state_bytes(precision, optimizer)
     shard_params = sum(c.shard_numel(shard_count(s, cluster)) for c, s in zip(costs, strategies))
     opt_seconds = shard_params * optimizer_seconds_per_param(sb, cluster)

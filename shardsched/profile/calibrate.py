@@ -18,8 +18,8 @@ sharing cores and memory bandwidth. Measured, then fitted:
   layer, on a group of one worker (its collectives are copies, so the
   difference is FSDP2's own work), divided by the number of layers.
 
-Every timing is the fastest of `repeats` after one warm-up (noise on a shared
-machine only adds time); each rank measures at once, and the slowest rank's
+Every timing is the median of `repeats` after one warm-up (what a step usually
+meets; see typical()); each rank measures at once, and the slowest rank's
 figure is kept (a step waits for its slowest worker).
 """
 from __future__ import annotations
@@ -109,20 +109,26 @@ def _rms(v: np.ndarray) -> float:
 
 # ---------------------------------------------------------------- timing
 
-def fastest(fn: Callable[[], None], *, repeats: int, sync: Callable[[], None] = lambda: None,
+def typical(fn: Callable[[], None], *, repeats: int, sync: Callable[[], None] = lambda: None,
             before: Callable[[], None] | None = None) -> float:
-    """Seconds of the fastest of `repeats` calls, after one warm-up call; `before`
-    (default `sync`) runs untimed ahead of each call."""
+    """Median seconds of `repeats` calls, after one warm-up call; `before`
+    (default `sync`) runs untimed ahead of each call.
+
+    [Note: the median, not the fastest] What a plan predicts is compared with a
+    run's median step (`shardsched bench`), and a step meets what the machine
+    usually gives: the other worker on the same cores, the backend's threads,
+    neighbours on a shared host. The fastest call of a few is what the machine
+    gives rarely; on this project's 2-core machines it priced steps 25-40% short."""
     before = before or sync
     fn()
-    best = math.inf
+    times = []
     for _ in range(repeats):
         before()
         t0 = time.perf_counter()
         fn()
         sync()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
 
 
 def machine_preset() -> str:
@@ -165,7 +171,7 @@ def time_collectives(*, group, device: torch.device, sizes: Sequence[int] = MESS
     for kind in Collective:
         for nbytes in sizes:
             fn, exact = _collective_fn(kind, nbytes, group=group, device=device)
-            out.append(Sample(kind=kind, nbytes=exact, seconds=fastest(fn, repeats=repeats, sync=sync,
+            out.append(Sample(kind=kind, nbytes=exact, seconds=typical(fn, repeats=repeats, sync=sync,
                                                                        before=together)))
     return out
 
@@ -188,14 +194,14 @@ def time_compute(*, device: torch.device, dtype: torch.dtype = torch.float32,
     rand = lambda *shape: torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)  # noqa: E731
     for m, k, n in MATMULS:
         x, w = rand(m, k), rand(k, n)
-        out["matmul"].append((3 * 2 * m * k * n, fastest(_fwd_bwd(lambda: x @ w), repeats=repeats, sync=sync)))
+        out["matmul"].append((3 * 2 * m * k * n, typical(_fwd_bwd(lambda: x @ w), repeats=repeats, sync=sync)))
     for b, h, s, d in ATTENTIONS:
         q, kk, v = rand(b, h, s, d), rand(b, h, s, d), rand(b, h, s, d)
         fn = _fwd_bwd(lambda: F.scaled_dot_product_attention(q, kk, v, is_causal=True))
-        out["attention"].append((3 * 4 * b * s * s * h * d, fastest(fn, repeats=repeats, sync=sync)))
+        out["attention"].append((3 * 4 * b * s * s * h * d, typical(fn, repeats=repeats, sync=sync)))
     for numel in ELEMENTWISE:
         x = rand(numel)
-        out["other"].append((3 * numel, fastest(_fwd_bwd(lambda: F.gelu(x)), repeats=repeats, sync=sync)))
+        out["other"].append((3 * numel, typical(_fwd_bwd(lambda: F.gelu(x)), repeats=repeats, sync=sync)))
     return out
 
 
@@ -206,36 +212,59 @@ def time_optimizer(*, device: torch.device, params: int = 1 << 20, tensors: int 
     for p in ps:
         p.grad = torch.ones_like(p)
     opt = torch.optim.AdamW(ps, lr=1e-3)
-    return params // tensors * tensors, fastest(opt.step, repeats=repeats, sync=_syncer(device))
+    return params // tensors * tensors, typical(opt.step, repeats=repeats, sync=_syncer(device))
+
+
+class HostOverhead(NamedTuple):
+    """FSDP2's host seconds per step beyond the plain model's."""
+
+    per_unit: float
+    per_tensor: float
 
 
 def time_unit_overhead(*, mesh, device: torch.device, layers: int = OVERHEAD_LAYERS, width: int = 64,
-                       repeats: int = 5) -> float:
-    """FSDP2's host seconds per unit per step: (one unit per layer - plain) / layers,
-    on `mesh` (a mesh of one worker, so collectives are local copies)."""
+                       repeats: int = 5) -> HostOverhead:
+    """FSDP2's host seconds per step, on `mesh` (a mesh of one worker, so collectives
+    are local copies): per parameter tensor from the optimizer step alone (DTensor
+    dispatch, sharded - plain, / tensors), per unit from the whole step (one unit per
+    layer - plain - the tensors' share, / layers)."""
     from torch.distributed.fsdp import fully_shard
-
-    def step_fn(model: torch.nn.Module) -> Callable[[], None]:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        x = torch.randn(width, width, device=device)
-
-        def step() -> None:
-            model(x).sum().backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return step
 
     def stack() -> torch.nn.Sequential:
         torch.manual_seed(0)
         return torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)]).to(device)
     sync = _syncer(device)
-    plain = fastest(step_fn(stack()), repeats=repeats, sync=sync)
+    plain = _step_and_optimizer(stack(), width=width, device=device, repeats=repeats, sync=sync)
     sharded = stack()
     for layer in sharded:
         fully_shard(layer, mesh=mesh)
     fully_shard(sharded, mesh=mesh)
-    per_unit = fastest(step_fn(sharded), repeats=repeats, sync=sync)
-    return max(0.0, (per_unit - plain) / layers)
+    fsdp = _step_and_optimizer(sharded, width=width, device=device, repeats=repeats, sync=sync)
+    tensors = 2 * layers  # weight and bias
+    per_tensor = max(0.0, (fsdp[1] - plain[1]) / tensors)
+    return HostOverhead(per_unit=max(0.0, (fsdp[0] - plain[0] - tensors * per_tensor) / layers),
+                        per_tensor=per_tensor)
+
+
+def _step_and_optimizer(model: torch.nn.Module, *, width: int, device: torch.device, repeats: int,
+                        sync: Callable[[], None]) -> tuple[float, float]:
+    """(seconds of a whole step, seconds of its optimizer step alone)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(width, width, device=device)
+
+    def backward() -> None:
+        model(x).sum().backward()
+
+    def step() -> None:
+        backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    whole = typical(step, repeats=repeats, sync=sync)
+    # The optimizer alone, on gradients a backward left (zero_grad keeps them: set_to_none=False).
+    backward()
+    alone = typical(opt.step, repeats=repeats, sync=sync)
+    opt.zero_grad(set_to_none=True)
+    return whole, alone
 
 
 # ---------------------------------------------------------------- the whole calibration
@@ -248,7 +277,8 @@ class Calibration(NamedTuple):
 
 
 def fitted_device(base: DeviceSpec, *, samples: Sequence[Sample], compute: dict, optimizer: tuple[int, float],
-                  unit_overhead: float, world: int, state_bytes_at_rest: int) -> Calibration:
+                  unit_overhead: float, world: int, state_bytes_at_rest: int,
+                  tensor_overhead: float = 0.0) -> Calibration:
     """`base` with every measured figure replaced (the inter-node link stays the
     base's: one node cannot measure it). Pure: the numbers in, the spec out."""
     fits = {c: fit_efficiency([f for f, _ in v], [t for _, t in v], peak_flops=base.peak_flops)
@@ -256,16 +286,19 @@ def fitted_device(base: DeviceSpec, *, samples: Sequence[Sample], compute: dict,
     params, seconds = optimizer
     changes = dict(efficiency={c: f.efficiency for c, f in fits.items()}, mfu=fits["matmul"].efficiency,
                    memory_bandwidth=2 * state_bytes_at_rest * params / seconds,
-                   unit_overhead_seconds=unit_overhead)
+                   unit_overhead_seconds=unit_overhead, tensor_overhead_seconds=tensor_overhead)
     report = {"compute": {c: f._asdict() for c, f in fits.items()}, "world": world,
-              "optimizer": {"params": params, "seconds": seconds}, "unit_overhead_seconds": unit_overhead,
+              "optimizer": {"params": params, "seconds": seconds}, "unit_overhead_seconds": unit_overhead, "tensor_overhead_seconds": tensor_overhead,
               "inter": "the base preset's (not measured: one node)"}
     if world > 1:
         link = fit_link(samples, world=world)
         changes["intra"] = Link(alpha_seconds=link.alpha_seconds, bandwidth=link.bandwidth)
         report["link"] = link._asdict()
-        report["link_by_collective"] = {k.value: fit_link([s for s in samples if s.kind is k], world=world)._asdict()
-                                        for k in Collective}
+        by_kind = {k.value: fit_link([s for s in samples if s.kind is k], world=world) for k in Collective
+                   if any(s.kind is k for s in samples)}
+        changes["collectives"] = {k: Link(alpha_seconds=f.alpha_seconds, bandwidth=f.bandwidth)
+                                  for k, f in by_kind.items()}
+        report["link_by_collective"] = {k: f._asdict() for k, f in by_kind.items()}
         report["samples"] = [[s.kind.value, s.nbytes, s.seconds] for s in samples]
     else:
         report["link"] = "the base preset's (one worker: no collective to time)"

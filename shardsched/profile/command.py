@@ -23,7 +23,7 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     a("--out", default="cluster.json", help="cluster file to write (default cluster.json)")
     a("--device", default=None, help=f"preset whose peak FLOP/s and inter-node link are kept: {', '.join(DEVICES)} "
                                      "(default: this machine's)")
-    a("--repeats", type=int, default=5, help="timings per measurement; the fastest is kept (default 5)")
+    a("--repeats", type=int, default=7, help="timings per measurement; the median is kept (default 7)")
     a("--json", action="store_true", help="print the fit report as JSON instead of a table")
 
 
@@ -59,13 +59,13 @@ def _calibrate_worker(ctx, base: str, repeats: int, out: str) -> None:
     alone, _ = dist.new_subgroups(group_size=1)  # collective: every rank gets its own group of one
     overhead = cal.time_unit_overhead(mesh=DeviceMesh.from_group(alone, device.type), device=device,
                                       repeats=repeats)
-    mine = [[[s.kind.value, s.nbytes, s.seconds] for s in samples], compute, list(optimizer), overhead]
+    mine = [[[s.kind.value, s.nbytes, s.seconds] for s in samples], compute, list(optimizer), list(overhead)]
     samples_, compute, optimizer, overhead = cal.slowest_rank(mine, group=group)
     if ctx.rank != 0:
         return
     samples = [cal.Sample(kind=cal.Collective(k), nbytes=n, seconds=t) for k, n, t in samples_]
     calib = cal.fitted_device(DEVICES[base], samples=samples, compute=compute, optimizer=tuple(optimizer),
-                              unit_overhead=overhead, world=ctx.world,
+                              unit_overhead=overhead[0], tensor_overhead=overhead[1], world=ctx.world,
                               state_bytes_at_rest=state_bytes(Precision.FP32, Optimizer.ADAM).at_rest)
     write_atomic(out, cluster_file_text(calib.device, fit=calib.fit) + "\n")
 
@@ -107,4 +107,5 @@ def print_fit(device, fit: dict, *, out: str) -> None:
                       f"{f['rel_error']:.1%}")
     table.add_row("optimizer step: memory bandwidth", f"{device.memory_bandwidth / 1e9:.2f} GB/s", "")
     table.add_row("FSDP2 host time per unit", f"{device.unit_overhead_seconds * 1e3:.2f} ms", "")
+    table.add_row("FSDP2 host time per parameter tensor", f"{device.tensor_overhead_seconds * 1e3:.3f} ms", "")
     console().print(table)

@@ -70,7 +70,11 @@ def local_profile(cfg: TrainConfig, built: Built, *, world: int, device: DeviceS
     from shardsched.profile.trace import trace_profile
     dtype = compute_dtype(Precision(cfg.precision))
     config = parse_model_spec(cfg.model).config
-    if config is not None:
+    # [Note: a calibrated device prices traced FLOPs] The analytic profile prices every
+    # FLOP at one MFU and leaves out elementwise work; a cluster file measured here
+    # carries an efficiency per op class and a memory bandwidth, which only a traced
+    # profile (FLOPs per class, bytes moved by memory-bound ops) can use.
+    if config is not None and not cfg.cluster:
         from shardsched.train.config import model_config
         return analytic_profile(model_config(cfg.model, seq=cfg.seq), micro_batch=max(1, cfg.batch // world),
                                 seq=cfg.seq, device=device, compute_dtype=dtype, name=cfg.model)

@@ -52,3 +52,18 @@ def test_parse_bytes(text, expected):
 def test_parse_bytes_rejects(text):
     with pytest.raises(UsageError, match="accepted"):
         parse_bytes(text)
+
+
+def test_a_collective_with_its_own_fitted_link_is_priced_on_it():
+    """gloo's ReduceScatter is an AllReduce plus a copy: `shardsched profile` fits it apart."""
+    import dataclasses
+    c = cluster(32, 8)
+    slow = Link(alpha_seconds=4e-5, bandwidth=2e10)
+    c2 = dataclasses.replace(c, device=dataclasses.replace(c.device, collectives={"reduce_scatter": slow}))
+    m = 8e8
+    inter = 3 * 5e-5 + 3 / 4 * (m / 8) / 1e10
+    assert collective_seconds(Collective.REDUCE_SCATTER, m, c2) == pytest.approx(
+        inter + 7 * 4e-5 + 7 / 8 * m / 2e10, rel=1e-12)
+    # Collectives without their own fit keep the node's link.
+    for k in (Collective.ALL_GATHER, Collective.ALL_REDUCE):
+        assert collective_seconds(k, m, c2) == collective_seconds(k, m, c)

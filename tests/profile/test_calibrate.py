@@ -59,7 +59,7 @@ def test_fitted_device_round_trips_through_a_cluster_file(tmp_path):
     compute = {c: [(f, f / (base.peak_flops * e)) for f in (1e6, 1e8)]
                for c, e in (("matmul", 0.3), ("attention", 0.1), ("other", 0.01))}
     calib = fitted_device(base, samples=samples, compute=compute, optimizer=(1 << 20, 0.02),
-                          unit_overhead=3e-3, world=2, state_bytes_at_rest=16)
+                          unit_overhead=3e-3, tensor_overhead=4e-4, world=2, state_bytes_at_rest=16)
     path = tmp_path / "cluster.json"
     path.write_text(cluster_file_text(calib.device, fit=calib.fit))
     dev = read_cluster_file(str(path))
@@ -68,7 +68,11 @@ def test_fitted_device_round_trips_through_a_cluster_file(tmp_path):
     assert dev.efficiency == pytest.approx({"matmul": 0.3, "attention": 0.1, "other": 0.01})
     assert dev.mfu == pytest.approx(0.3) and dev.inter == base.inter
     assert dev.memory_bandwidth == pytest.approx(2 * 16 * (1 << 20) / 0.02)
-    assert dev.unit_overhead_seconds == 3e-3
+    assert dev.unit_overhead_seconds == 3e-3 and dev.tensor_overhead_seconds == 4e-4
+    # Each collective's own fit travels in the file (here all three come from one link).
+    assert set(dev.collectives) == {k.value for k in Collective}
+    for k in Collective:
+        assert dev.intra_link(k.value).bandwidth == pytest.approx(5e8) and isinstance(dev.collectives[k.value], Link)
     assert dev.compute_seconds({"matmul": 3e9}) == pytest.approx(3e9 / (base.peak_flops * 0.3))
 
 
@@ -82,6 +86,8 @@ def test_real_two_worker_calibration_feeds_plan(tmp_path, capsys):
     assert set(dev.efficiency) == {"matmul", "attention", "other"}
     assert all(math.isfinite(v) and v > 0 for v in figures), figures
     assert math.isfinite(dev.unit_overhead_seconds) and dev.unit_overhead_seconds >= 0
+    assert math.isfinite(dev.tensor_overhead_seconds) and dev.tensor_overhead_seconds >= 0
+    assert set(dev.collectives) == {k.value for k in Collective}
     fit = json.loads(out.read_text())["fit"]
     assert all(math.isfinite(f["rel_error"]) for f in [fit["link"], *fit["compute"].values()])
 
