@@ -7,9 +7,17 @@ A ring collective over N workers takes N-1 (AllGather, ReduceScatter) or
     ReduceScatter(M) = same
     AllReduce(M)     = 2(N-1) alpha + 2(N-1)/N * M / bw
 where M is the unsharded message in bytes and bw the per-worker link bandwidth.
-When the world spans nodes, the collective is hierarchical: an inter-node ring
-over the G-th part of the message, and an intra-node ring over all of it
-(AllGather: inter first then intra; ReduceScatter mirrored; AllReduce = both).
+When the world spans nodes (G workers per node):
+* AllGather and ReduceScatter run as NCCL runs them, on flat rings through every
+  worker (NVIDIA/nccl#530: "rings are flat and span across intra- and inter-node
+  connections"; #1594: AllGather/ReduceScatter have no tree, ring latency is O(N)).
+  One ring step waits for its slowest hop, the inter-node one, so the latency is
+  (N-1) inter alpha. The bytes are those of the two-level bound: each node's G
+  NICs carry one ring channel each, so a worker's NIC moves 1/G of the message
+  across nodes, and its intra-node link all of it.
+* AllReduce is priced as the two-level algorithm NCCL's tree approximates (reduce
+  in the node, all-reduce across nodes, broadcast in the node; #530): an
+  inter-node ring over the G-th part of the message plus an intra-node ring.
 """
 from __future__ import annotations
 
@@ -39,9 +47,14 @@ def collective_seconds(kind: Collective, nbytes: float, cluster: Cluster) -> flo
     intra = dev.intra_link(kind.value)
     if nodes == 1:
         return _ring(intra, g, nbytes, passes=passes)
-    # Hierarchical: each worker's inter-node ring carries 1/g of the message.
-    return (_ring(dev.inter, nodes, nbytes / g, passes=passes)
-            + _ring(intra, g, nbytes, passes=passes))
+    if kind is Collective.ALL_REDUCE:  # two-level: each worker's inter-node ring carries 1/g
+        return (_ring(dev.inter, nodes, nbytes / g, passes=passes)
+                + _ring(intra, g, nbytes, passes=passes))
+    if nbytes <= 0:
+        return 0.0
+    # One flat ring of `world` steps, each paced by its inter-node hop; bytes as above.
+    return ((cluster.world - 1) * dev.inter.alpha_seconds + (nodes - 1) / nodes * nbytes / g / dev.inter.bandwidth
+            + (g - 1) / g * nbytes / intra.bandwidth)
 
 
 def node_seconds(kind: Collective, nbytes: float, cluster: Cluster) -> float:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 
-from shardsched.cost.comm import block_size_bytes
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
 from shardsched.plan.schedule import make_scenario, units_with_schedule
@@ -18,6 +17,7 @@ from shardsched.plan.units import ROOT, group_layers, layer_strategies, unit_cos
 from shardsched.profile.types import Profile
 from shardsched.sim.scenario import Scenario, default_launch
 from shardsched.sim.simulate import simulate
+from shardsched.solve.candidates import block_params
 
 
 def make_plan(profile: Profile, cluster: Cluster, *, strategy: str = "full_shard",
@@ -36,7 +36,7 @@ def make_plan(profile: Profile, cluster: Cluster, *, strategy: str = "full_shard
     per_layer, ckpt = spec.for_layers(names), spec.checkpointed(names)
     strategies = layer_strategies(profile, [per_layer[n] for n in names])
     keys = [(s, ckpt[n] and n != ROOT) for s, n in zip(strategies, names)]  # the root is never checkpointed
-    block = block_size_bytes(cluster) // state_bytes(precision, optimizer).unsharded_param if fuse else 0
+    block = block_params(cluster, precision, optimizer) if fuse else 0
     groups = group_layers(profile, keys, block_params=block)
     costs = [unit_cost([profile.layers[i] for i in g]) for g in groups]
     strats = [keys[g[0]][0] for g in groups]

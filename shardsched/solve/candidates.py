@@ -101,8 +101,21 @@ def atoms(profile: Profile, *, block_params: int, partition: bool) -> list[tuple
     return out
 
 
+BLOCK_MEMORY_SHARE = 32
+"""A fused unit's gathered parameters stay under 1/32 of device memory."""
+
+
 def block_params(cluster: Cluster, precision: Precision, optimizer: Optimizer) -> int:
-    return block_size_bytes(cluster) // state_bytes(precision, optimizer).unsharded_param
+    """Parameters per fused unit: enough to reach 90% of the AllGather's bandwidth
+    (`block_size_bytes`), capped at 1/BLOCK_MEMORY_SHARE of device memory.
+
+    [Note: why a memory cap] Flat rings pay (world-1) latencies per AllGather
+    (`cost.comm`), so at 1024 workers the 90%-bandwidth block is tens of GB; FSDP2
+    holds two or three gathered units at once (the current one, the prefetched one,
+    and in backward their gradients), and fusion that fills memory with them is no
+    plan a user would run."""
+    cap = cluster.device.memory_bytes // BLOCK_MEMORY_SHARE
+    return min(block_size_bytes(cluster), cap) // state_bytes(precision, optimizer).unsharded_param
 
 
 def compositions(k: int):

@@ -21,11 +21,17 @@ def test_ring_single_node():
     assert collective_seconds(Collective.ALL_REDUCE, m, c) == pytest.approx(2 * ag, rel=1e-12)
 
 
-def test_hierarchical_two_levels():
+def test_across_nodes():
     c, m = cluster(32, 8), 8e8
-    inter = 3 * 5e-5 + 3 / 4 * (m / 8) / 1e10  # 4 nodes, each worker's ring carries m/8
+    # AllGather / ReduceScatter: one flat ring of 32 workers, each of its 31 steps paced by
+    # the inter-node hop; the bytes of the two-level bound (each NIC carries m/8 across nodes).
+    flat = 31 * 5e-5 + 3 / 4 * (m / 8) / 1e10 + 7 / 8 * m / 1e11
+    assert collective_seconds(Collective.ALL_GATHER, m, c) == pytest.approx(flat, rel=1e-12)
+    assert collective_seconds(Collective.REDUCE_SCATTER, m, c) == pytest.approx(flat, rel=1e-12)
+    # AllReduce: two levels, an inter-node ring over 4 nodes carrying m/8, an intra-node ring.
+    inter = 3 * 5e-5 + 3 / 4 * (m / 8) / 1e10
     intra = 7 * 1e-5 + 7 / 8 * m / 1e11
-    assert collective_seconds(Collective.ALL_GATHER, m, c) == pytest.approx(inter + intra, rel=1e-12)
+    assert collective_seconds(Collective.ALL_REDUCE, m, c) == pytest.approx(2 * (inter + intra), rel=1e-12)
 
 
 def test_world_one_is_free():
@@ -61,9 +67,8 @@ def test_a_collective_with_its_own_fitted_link_is_priced_on_it():
     slow = Link(alpha_seconds=4e-5, bandwidth=2e10)
     c2 = dataclasses.replace(c, device=dataclasses.replace(c.device, collectives={"reduce_scatter": slow}))
     m = 8e8
-    inter = 3 * 5e-5 + 3 / 4 * (m / 8) / 1e10
     assert collective_seconds(Collective.REDUCE_SCATTER, m, c2) == pytest.approx(
-        inter + 7 * 4e-5 + 7 / 8 * m / 2e10, rel=1e-12)
+        31 * 5e-5 + 3 / 4 * (m / 8) / 1e10 + 7 / 8 * m / 2e10, rel=1e-12)
     # Collectives without their own fit keep the node's link.
     for k in (Collective.ALL_GATHER, Collective.ALL_REDUCE):
         assert collective_seconds(k, m, c2) == collective_seconds(k, m, c)
