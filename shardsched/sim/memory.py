@@ -155,16 +155,22 @@ def _mb(live: _Live, *, unsharded=0, grads=0, act=0, comm=0, opt_extra=0) -> Mem
 def _forward(live: _Live, i: int) -> list[MemoryBreakdown]:
     sc, s = live.sc, i
     held_prev = live.agbuf[i - 1] if i > 0 else 0
-    extra = extra_gather(sc.units[i], sc.strategies[i])
-    copyout = _mb(live, unsharded=live.unsharded_live(s),
-                  act=live.activations(i - 1) + extra * sc.units[i].lead_activation_bytes,
-                  comm=held_prev + (1 + extra) * live.agbuf[i] + live.pending_gathers(s, include_launched_here=False))
+    copyout = _mb(live, unsharded=live.unsharded_live(s), act=live.activations(i - 1),
+                  comm=held_prev + live.agbuf[i] + live.pending_gathers(s, include_launched_here=False))
     # Forward transients: the tensor being produced next to what is saved, about the
     # largest saved one (half the backward workspace, which is two of them).
     compute = _mb(live, unsharded=live.unsharded_live(s),
                   act=live.activations(i) + sc.units[i].workspace_bytes // 2,
                   comm=live.agbuf[i] + live.pending_gathers(s, include_launched_here=True))
-    return [copyout, compute]
+    moments = [copyout, compute]
+    if extra_gather(sc.units[i], sc.strategies[i]):
+        # Its later modules gather again while the unit's first AllGather output is still
+        # the held one (the previous unit's was freed at the first copy-out); the
+        # prefetches launched at the unit's first module are in flight.
+        moments.append(_mb(live, unsharded=live.unsharded_live(s),
+                           act=live.activations(i - 1) + sc.units[i].lead_activation_bytes,
+                           comm=2 * live.agbuf[i] + live.pending_gathers(s, include_launched_here=True)))
+    return moments
 
 
 def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
