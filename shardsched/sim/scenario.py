@@ -65,6 +65,12 @@ class Scenario:
     checkpoint: tuple[bool, ...] = ()
     """Per unit: activation checkpointing on (empty: off everywhere)."""
 
+    @property
+    def on_ddp(self) -> bool:
+        """Every unit replicate in fp32 (compute copy = the fp32 master): the plan runs on
+        DDP, not FSDP2 (`runtime.ddp.runs_on_ddp`), whose memory differs (`sim.memory`)."""
+        return all(s is Strategy.REPLICATE for s in self.strategies) and self.state.unsharded_param == self.state.param
+
     def ckpt(self, i: int) -> bool:
         return bool(self.checkpoint) and self.checkpoint[i]
 
