@@ -35,7 +35,8 @@ class UnitCost:
     dims: tuple[tuple[int, int], ...] = ()
     """(dim-0 size, numel) per parameter, for FSDP2's dim-0 padding; () = unknown."""
     lead_activation_bytes: int = 0
-    """Activations of all its layers but the last: live when its last module starts."""
+    """Activations of all its layers but the last, and the last one's input: live when
+    its last module starts."""
     input_bytes: int = 0
     """Sum of its layers' forward inputs: what it retains instead when checkpointed."""
 
