@@ -50,11 +50,14 @@ def forward_gathers(unit, strategy: Strategy) -> int:
 
 
 def extra_gather(unit, strategy: Strategy) -> int:
-    """1 for a full_shard unit of several modules: measured with FSDPMemTracker (GPT, 1
-    unit of 4 modules, world 64: two AllGather outputs of the unit live at once, with the
-    activations of all but its last module), FSDP2 running the group's pre-forward at each
-    module. Modelled at the unit's copy-out with `lead_activation_bytes`."""
-    return 1 if strategy is Strategy.FULL_SHARD and len(unit.layers) > 1 else 0
+    """1 for a unit of several modules that reshards after forward (full_shard,
+    full_shard_node, hybrid_shard): FSDP2 (torch 2.13) runs the group's pre-forward at
+    each module and reshards after each, so a later module gathers again while the
+    unit's previous AllGather output is still held. Measured with FSDPMemTracker (GPT 1
+    unit of 4 modules; BERT, Qwen2, GPT-2, T5 behind a root unit; BERT with
+    full_shard_node and hybrid_shard): two AllGather outputs of the unit, with the
+    activations of its earlier modules (`lead_activation_bytes`)."""
+    return 1 if strategy.gathers_for_backward and len(unit.layers) > 1 else 0
 
 
 def root_grad_bytes(sc: Scenario) -> int:
