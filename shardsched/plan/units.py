@@ -83,7 +83,10 @@ def unit_cost(layers: list[LayerProfile]) -> UnitCost:
                     forward_seconds=sum(layer.forward_seconds for layer in layers),
                     backward_seconds=sum(layer.backward_seconds for layer in layers),
                     activation_bytes=sum(layer.activation_bytes for layer in layers),
-                    lead_activation_bytes=sum(layer.activation_bytes for layer in layers[:-1]),
+                    # live when its last module gathers again (`sim.memory`): what the others
+                    # saved, and the last one's input
+                    lead_activation_bytes=(sum(layer.activation_bytes for layer in layers[:-1])
+                                           + (layers[-1].input_bytes if len(layers) > 1 else 0)),
                     workspace_bytes=workspace_bytes(layers),
                     input_bytes=sum(layer.input_bytes for layer in layers))
 

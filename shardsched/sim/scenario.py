@@ -35,7 +35,8 @@ class UnitCost:
     dims: tuple[tuple[int, int], ...] = ()
     """(dim-0 size, numel) per parameter, for FSDP2's dim-0 padding; () = unknown."""
     lead_activation_bytes: int = 0
-    """Activations of all its layers but the last: live when its last module starts."""
+    """Activations of all its layers but the last, and the last one's input: live when
+    its last module starts."""
     input_bytes: int = 0
     """Sum of its layers' forward inputs: what it retains instead when checkpointed."""
 
@@ -64,6 +65,12 @@ class Scenario:
     (foreach Adam materialises a few parameter-sized temporaries)."""
     checkpoint: tuple[bool, ...] = ()
     """Per unit: activation checkpointing on (empty: off everywhere)."""
+
+    @property
+    def on_ddp(self) -> bool:
+        """Every unit replicate in fp32 (compute copy = the fp32 master): the plan runs on
+        DDP, not FSDP2 (`runtime.ddp.runs_on_ddp`), whose memory differs (`sim.memory`)."""
+        return all(s is Strategy.REPLICATE for s in self.strategies) and self.state.unsharded_param == self.state.param
 
     def ckpt(self, i: int) -> bool:
         return bool(self.checkpoint) and self.checkpoint[i]

@@ -78,7 +78,8 @@ class Evaluator:
             u, prev = unsh[i] + ag[i], ag[i - 1] if i else 0.0
             unit = self.p.costs[i]
             extra = extra_gather(unit, ch.strategies[i]) * (unsh[i] + unit.lead_activation_bytes)
-            out.append(pers + U[i] + max(u + prev + extra + self.act[i] + exc[i],
+            out.append(pers + U[i] + max(u + prev + self.act[i] + exc[i],
+                                         u + extra + self.act[i] + inc[i],
                                          u + self.act[i + 1] + c.ws[i] // 2 + inc[i]))
         rs = [c.rs_by[i][s] for i, s in enumerate(ch.strategies)]
         for s in range(n, 2 * n):

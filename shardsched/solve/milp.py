@@ -408,8 +408,11 @@ class _Build:
                                       for k in self.z[i - 1]}) if i else {}
             live = _add(_add(base, {self.U[i]: 1.0}), own)
             (a0, k0), (a1, k1) = self.A[i], self.A[i + 1]
-            self._mem(i, _add(_add(_add(_add(live, prev), extra), a0), self._pending(i, inclusive=False)),
+            self._mem(i, _add(_add(_add(live, prev), a0), self._pending(i, inclusive=False)),
                       k0 + c.input_bytes * g, cap)
+            if len(unit.layers) > 1:  # its later modules gather again (for other strategies: below the next row)
+                self._mem(i, _add(_add(_add(live, extra), a0), self._pending(i, inclusive=True)),
+                          k0 + c.input_bytes * g, cap)
             self._mem(i, _add(_add(live, a1), self._pending(i, inclusive=True)),
                       k1 + (c.ws[i] // 2 + c.input_bytes) * g, cap)
         for s in range(n, 2 * n):

@@ -1,9 +1,9 @@
 """Any model: plans for Hugging Face models (tied embeddings, GQA, MLM, seq2seq, vision),
 plain and wrapped one level deep, run on FSDP2 at worlds 8 and 64, and the predicted peak
 against FSDPMemTracker's. The profile is traced on fake tensors (profile/trace.py). The goal
-is 5%; most cases are within 1%, a few single-unit replicate and fused full_shard plans
-are 6-7% off (the unit's backward is modelled at its start and end only), so the test
-holds the line at 10% and prints every error.
+is 5% and the test asserts it (measured: every case within 2.6%; the largest misses are
+under-predictions of T5 and GPT-2 plans, -1.9..-2.6%: at the measured peak, 50-60 KiB more
+activations are live than the traced profile's saved tensors; not located further).
 
 Run with -s for the table (model, wrapping, world, strategy, units, measured, predicted, error).
 """
@@ -31,7 +31,7 @@ MODELS = {
            "patch_size=8,num_labels=10",
 }
 STRATEGIES = ("replicate", "shard_grad_op", "full_shard", "auto")
-TOLERANCE = 0.10
+TOLERANCE = 0.05
 WRAPS = ((False, (8, 64)), (True, (64,)))
 
 
