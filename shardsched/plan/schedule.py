@@ -12,7 +12,7 @@ import dataclasses
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
 from shardsched.cost.strategy import shard_count
-from shardsched.core.types import Plan, Precision, Strategy, Unit
+from shardsched.core.types import Plan, Unit
 from shardsched.plan.units import unit_cost
 from shardsched.profile.types import Profile
 from shardsched.sim.scenario import Scenario, UnitCost
@@ -61,14 +61,6 @@ def optimizer_seconds_per_param(sb, cluster: Cluster) -> float:
     return sb.at_rest * 2 / cluster.device.memory_bandwidth
 
 
-def runs_on_ddp_for(strategies, precision: Precision) -> bool:
-    """`runtime.ddp.runs_on_ddp` for a scenario's strategies: every unit replicate in
-    fp32 runs on DDP, which pays none of FSDP2's host work (no DTensor, no copy-in/out).
-    The MILP prices every choice with that work; `auto` still picks an all-replicate
-    plan when it is fastest, since its final choice is by the simulator."""
-    return precision is Precision.FP32 and all(s is Strategy.REPLICATE for s in strategies)
-
-
 def with_host_overhead(c, cluster: Cluster):
     """A unit's cost plus FSDP2's host work on it (per unit, and per parameter tensor:
     `DeviceSpec.tensor_overhead_seconds`), split over its forward and its backward. In
@@ -86,16 +78,20 @@ def make_scenario(costs, strategies, fwd, bwd, *, plan: Plan | None = None, prof
                   cluster: Cluster, precision=None, optimizer=None, checkpoint=()) -> Scenario:
     precision = precision or plan.precision
     optimizer = optimizer or plan.optimizer
-    if not runs_on_ddp_for(strategies, precision):
-        costs = [with_host_overhead(c, cluster) for c in costs]
     sb = state_bytes(precision, optimizer)
     shard_params = sum(c.shard_numel(shard_count(s, cluster)) for c, s in zip(costs, strategies))
     opt_seconds = shard_params * optimizer_seconds_per_param(sb, cluster)
-    return Scenario(units=tuple(costs), strategies=tuple(strategies), forward_launch=tuple(fwd),
-                    backward_launch=tuple(bwd), cluster=cluster, state=sb,
-                    input_bytes=profile.input_bytes, optimizer_seconds=opt_seconds,
-                    optimizer_workspace_factor=OPTIMIZER_WORKSPACE_FACTOR[optimizer.value],
-                    checkpoint=tuple(checkpoint) if any(checkpoint) else ())
+    sc = Scenario(units=tuple(costs), strategies=tuple(strategies), forward_launch=tuple(fwd),
+                  backward_launch=tuple(bwd), cluster=cluster, state=sb,
+                  input_bytes=profile.input_bytes, optimizer_seconds=opt_seconds,
+                  optimizer_workspace_factor=OPTIMIZER_WORKSPACE_FACTOR[optimizer.value],
+                  checkpoint=tuple(checkpoint) if any(checkpoint) else ())
+    # A plan DDP runs (`Scenario.on_ddp`) pays none of FSDP2's host work. The MILP prices
+    # every choice with it; `auto` still picks an all-replicate plan when it is fastest,
+    # since its final choice is by the simulator.
+    if sc.on_ddp:
+        return sc
+    return dataclasses.replace(sc, units=tuple(with_host_overhead(c, cluster) for c in sc.units))
 
 
 def units_with_schedule(sc: Scenario) -> tuple[Unit, ...]:
