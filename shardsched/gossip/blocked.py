@@ -7,7 +7,7 @@ gradient reduction) and M_t,s (the mixing of segment s at step t) are n x n
 matrices that do not depend on z. They depend on the push-sum weights, which
 evolve from the weights alone, and on the peers/permutations, which depend on
 the step. So all steps can run on a block of columns before the next block
-starts, and a block small enough for the L2 cache is read from memory once
+starts, and a block small enough for the cache is read from memory once
 instead of ~10 times per step: at n = 1024, P = 2^20 the state is 4 GiB per
 copy and memory bandwidth, not arithmetic, bounds the step-by-step simulator.
 The per-step norms (consensus distance, error) are sums of squares over the
@@ -37,8 +37,10 @@ from shardsched.gossip.mixing import make_mixer
 BLOCKED_SYNCS = frozenset({Sync.ALLREDUCE, Sync.SGP, Sync.DPSGD, Sync.CROSSOVER})
 """Algorithms whose step is a memoryless linear map of z (OSGP holds a message in flight)."""
 
-L2_BYTES = 768 * 1024
-"""Working set per block: z, c and y blocks of n x width (1 MiB of L2 per core here, some left over)."""
+BLOCK_BYTES = 3 * 2**20
+"""Working set per block: z, c and y blocks of n x width. Measured at n = 1024 on this machine
+(1 MiB L2 per core, 32 MiB L3): 256 columns (3 MiB) ran faster than 64 (fits L2, but rows too
+short for the vector loop) and than 1024."""
 
 
 class LinearSteps(NamedTuple):
@@ -121,8 +123,8 @@ class BlockedRun(NamedTuple):
 
 def block_layout(bounds: Sequence[tuple[int, int]], *, n: int, itemsize: int,
                  segmented: bool) -> tuple[np.ndarray, ...]:
-    """(starts, ends, segment) of blocks that tile every segment, each at most L2_BYTES for z, c and y."""
-    width = max(16, L2_BYTES // (3 * n * itemsize) // 16 * 16)
+    """(starts, ends, segment) of blocks that tile every segment, each at most BLOCK_BYTES for z, c and y."""
+    width = max(16, BLOCK_BYTES // (3 * n * itemsize) // 16 * 16)
     starts, ends, segment = [], [], []
     for s, (a, b) in enumerate(bounds):
         for start in range(a, b, width):

@@ -69,23 +69,24 @@ def _group_step(z, c, h, lr, group, inv_group, y, gm):
 
 @numba.njit(cache=True, fastmath=True)
 def _mix(y, idx, coef, best, z, mean, inv_n, zero, err):
-    """z = the mixed rows of y; err[i] += ||z_i - best||^2; mean = the column means of z."""
+    """z = the mixed rows of y; err[i] += ||z_i - best||^2; mean = the column means of z.
+
+    The last two terms are summed in the pass that measures (SGP and Crossover have
+    two terms: one pass); terms before them (D-PSGD's wider neighbourhoods) go into z first."""
     n, width = z.shape
-    last = idx.shape[0] - 1
+    terms = idx.shape[0]
+    partial = terms > 2
     mean[:] = 0
     for i in range(n):
-        if last > 0:
-            src, w = idx[0, i], coef[0, i]
+        for k in range(terms - 2):
+            src, w = idx[k, i], coef[k, i]
             for j in range(width):
-                z[i, j] = w * y[src, j]
-            for k in range(1, last):
-                src, w = idx[k, i], coef[k, i]
-                for j in range(width):
-                    z[i, j] += w * y[src, j]
-        src, w = idx[last, i], coef[last, i]
+                z[i, j] = (z[i, j] if k > 0 else zero) + w * y[src, j]
+        s0, w0 = idx[max(0, terms - 2), i], coef[max(0, terms - 2), i]
+        s1, w1 = idx[terms - 1, i], (coef[terms - 1, i] if terms > 1 else zero)  # one term: s1 = s0, w1 = 0
         e = zero
         for j in range(width):
-            v = w * y[src, j] + (z[i, j] if last > 0 else zero)
+            v = (z[i, j] if partial else zero) + w0 * y[s0, j] + w1 * y[s1, j]
             z[i, j] = v
             d = v - best[j]
             e += d * d
