@@ -69,10 +69,24 @@ def _group_size(mixer, n: int, dtype: torch.dtype) -> int:
     return k
 
 
-def _sparse_rows(m: torch.Tensor, terms: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(terms, n) column indices and values of the largest entries of every row of m."""
+def _sparse_rows(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(K, n) column indices and values of the non-zeros of every row of m (K: the most in a row;
+    rows with fewer get zero coefficients)."""
+    terms = max(1, int((m != 0).sum(dim=1).max()))
     _, cols = m.abs().topk(terms, dim=1)
     return cols.T.contiguous(), m.gather(1, cols).T.contiguous()
+
+
+def _stack_padded(rows: list[list[tuple[torch.Tensor, torch.Tensor]]], n: int, dtype: torch.dtype):
+    """(segments, steps, K, n) index and coefficient arrays, K the most terms of any step."""
+    terms = max(cols.shape[0] for per_step in rows for cols, _ in per_step)
+    segs, steps = len(rows[0]), len(rows)
+    idx = np.tile(np.arange(n, dtype=np.int64), (segs, steps, terms, 1))  # padding: own row, weight 0
+    coef = np.zeros((segs, steps, terms, n), dtype=torch.empty(0, dtype=dtype).numpy().dtype)
+    for t, per_step in enumerate(rows):
+        for s, (cols, vals) in enumerate(per_step):
+            idx[s, t, :cols.shape[0]], coef[s, t, :cols.shape[0]] = cols.numpy(), vals.numpy()
+    return idx, coef
 
 
 def probe_steps(cfg: GossipConfig, *, n: int, dim: int, bounds: Sequence[tuple[int, int]], steps: int,
@@ -82,17 +96,11 @@ def probe_steps(cfg: GossipConfig, *, n: int, dim: int, bounds: Sequence[tuple[i
     mixer = make_mixer(InProcessCommunicator(n), cfg, [(s * n, (s + 1) * n) for s in range(segs)])
     group = _group_size(mixer, n, dtype)
     probe = torch.eye(n, dtype=dtype).repeat(1, segs)
-    mats = []
+    rows = []
     for step in range(steps):
         mixed = mixer.mix(probe, step)  # mixed[:, block s] = M_step,s
-        mats.append([mixed[:, s * n:(s + 1) * n] for s in range(segs)])
-    terms = max(int((m != 0).sum(dim=1).max()) for per_step in mats for m in per_step)
-    idx = np.empty((segs, steps, terms, n), dtype=np.int64)
-    coef = np.empty((segs, steps, terms, n), dtype=torch.empty(0, dtype=dtype).numpy().dtype)
-    for t, per_step in enumerate(mats):
-        for s, m in enumerate(per_step):
-            cols, vals = _sparse_rows(m, terms)
-            idx[s, t], coef[s, t] = cols.numpy(), vals.numpy()
+        rows.append([_sparse_rows(mixed[:, s * n:(s + 1) * n]) for s in range(segs)])
+    idx, coef = _stack_padded(rows, n, dtype)
     return LinearSteps(group=group, idx=idx, coef=coef, weight=mixer.weight.clone(),
                        bytes_per_worker_per_step=dry_run_bytes(cfg, n=n, dim=dim, bounds=bounds, steps=steps,
                                                                dtype=dtype))

@@ -1,8 +1,8 @@
 """The blocked simulator's inner loop: every step on one cache-sized block of columns.
 
-Compiled by numba (the `gossip` extra): one fused pass per step over a block that
-stays in the core's L2 cache, instead of ~10 torch passes over the whole (n, P)
-state in memory (gossip/blocked.py explains why that is exact). Arrays are numpy
+Compiled by numba (the `gossip` extra): two fused passes per step over a block that
+stays in cache, instead of ~10 torch passes over the whole (n, P) state in memory
+(gossip/blocked.py explains why that is exact). Arrays are numpy
 views of the torch tensors (`Tensor.numpy()` shares memory).
 
 For every step t of the block [a, b) of the columns (all inside one segment):
