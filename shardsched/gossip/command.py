@@ -54,19 +54,22 @@ def _check_simulate(args: argparse.Namespace) -> tuple[Sync, ...]:
     return syncs
 
 
+def simulation_problem(*, workers: int, params: int, tensors: int, seed: int):
+    """Dense least squares up to DENSE_MAX_DIM parameters (step-by-step simulator); above, the
+    separable DiagonalLeastSquares, which the blocked simulator runs (docs/design.md, "Gossip")."""
+    from shardsched.gossip.problems import DiagonalLeastSquares, LeastSquares
+    if params <= DENSE_MAX_DIM:
+        return LeastSquares.make(workers=workers, dim=params, rows=2 * params, pieces=tensors, seed=seed)
+    return DiagonalLeastSquares.make(workers=workers, dim=params, pieces=tensors, seed=seed)
+
+
 def run_simulate(args: argparse.Namespace) -> int:
     import torch
 
     from shardsched.gossip import report
-    from shardsched.gossip.problems import DiagonalLeastSquares, LeastSquares
     from shardsched.gossip.simulate import decaying_lr, simulate
     syncs = _check_simulate(args)
-    if args.params <= DENSE_MAX_DIM:
-        problem = LeastSquares.make(workers=args.workers, dim=args.params, rows=2 * args.params,
-                                    pieces=args.tensors, seed=args.seed)
-    else:
-        problem = DiagonalLeastSquares.make(workers=args.workers, dim=args.params, pieces=args.tensors,
-                                            seed=args.seed)
+    problem = simulation_problem(workers=args.workers, params=args.params, tensors=args.tensors, seed=args.seed)
     nbytes = args.params * problem.initial().element_size()
     rows = []
     for sync in syncs:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from shardsched.gossip import blocked
+from shardsched.gossip.command import DENSE_MAX_DIM, simulation_problem
 from shardsched.gossip.config import GossipConfig, Sync, Topology
 from shardsched.gossip.problems import DiagonalLeastSquares, LeastSquares
 from shardsched.gossip.simulate import SimPath, choose_path, decaying_lr, simulate
@@ -46,3 +47,10 @@ def test_path_is_chosen_by_problem_and_algorithm():
     assert choose_path(diagonal, GossipConfig(sync=Sync.OSGP)) is SimPath.STEPWISE  # a message in flight
     with pytest.raises(ValueError, match="separable"):
         choose_path(dense, GossipConfig(sync=Sync.SGP), SimPath.BLOCKED)
+
+
+def test_cli_problem_takes_the_blocked_path_above_dense_size():
+    cfg = GossipConfig(sync=Sync.SGP)
+    big = simulation_problem(workers=4, params=DENSE_MAX_DIM + 1, tensors=16, seed=0)
+    small = simulation_problem(workers=4, params=DENSE_MAX_DIM, tensors=16, seed=0)
+    assert choose_path(big, cfg) is SimPath.BLOCKED and choose_path(small, cfg) is SimPath.STEPWISE
