@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from shardsched.errors import UsageError
 from shardsched.gossip.config import GossipConfig, Sync, Topology, check_config, parse_syncs
@@ -53,17 +54,22 @@ def _check_simulate(args: argparse.Namespace) -> tuple[Sync, ...]:
     return syncs
 
 
-def run_simulate(args: argparse.Namespace) -> int:
-    from shardsched.gossip import report
+def simulation_problem(*, workers: int, params: int, tensors: int, seed: int):
+    """Dense least squares up to DENSE_MAX_DIM parameters (step-by-step simulator); above, the
+    separable DiagonalLeastSquares, which the blocked simulator runs (docs/design.md, "Gossip")."""
     from shardsched.gossip.problems import DiagonalLeastSquares, LeastSquares
+    if params <= DENSE_MAX_DIM:
+        return LeastSquares.make(workers=workers, dim=params, rows=2 * params, pieces=tensors, seed=seed)
+    return DiagonalLeastSquares.make(workers=workers, dim=params, pieces=tensors, seed=seed)
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    import torch
+
+    from shardsched.gossip import report
     from shardsched.gossip.simulate import decaying_lr, simulate
     syncs = _check_simulate(args)
-    if args.params <= DENSE_MAX_DIM:
-        problem = LeastSquares.make(workers=args.workers, dim=args.params, rows=2 * args.params,
-                                    pieces=args.tensors, seed=args.seed)
-    else:
-        problem = DiagonalLeastSquares.make(workers=args.workers, dim=args.params, pieces=args.tensors,
-                                            seed=args.seed)
+    problem = simulation_problem(workers=args.workers, params=args.params, tensors=args.tensors, seed=args.seed)
     nbytes = args.params * problem.initial().element_size()
     rows = []
     for sync in syncs:
@@ -71,6 +77,9 @@ def run_simulate(args: argparse.Namespace) -> int:
                            topology=Topology(args.topology), seed=args.seed)
         res = simulate(problem, cfg, steps=args.steps, lr=decaying_lr(args.lr, half_life=args.half_life),
                        segments=args.segments)
+        # The table, CSV and PNG need the curves only: free the final models (4 GiB at 1024 x 1M)
+        # before the next algorithm allocates its own.
+        res = dataclasses.replace(res, z=torch.empty(args.workers, 0, dtype=res.z.dtype))
         rows.append(report.summarize(res, cfg, nbytes=nbytes, device=args.device,
                                      gpus_per_node=args.gpus_per_node, segments=args.segments))
     title = (f"gossip simulate: {args.workers} workers, {args.params:,} parameters, {args.steps} steps, "

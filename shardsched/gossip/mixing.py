@@ -183,7 +183,8 @@ class CrossoverMixer(Mixer):
         groups = self._groups()
         if groups == 1:
             return z
-        roots = torch.tensor([r % (self.comm.world // groups) == 0 for r in self.comm.ranks])
+        # on z's device, so a dry run on meta tensors (gossip/blocked.py counts bytes that way) works too
+        roots = torch.tensor([r % (self.comm.world // groups) == 0 for r in self.comm.ranks], device=z.device)
         flights = []
         for s, (a, b) in enumerate(self.bounds):
             dst, src = self._partners(step, s)

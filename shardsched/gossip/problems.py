@@ -12,6 +12,7 @@ which the large simulations need.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -29,6 +30,8 @@ class LeastSquares:
     """(n, m) targets; b_i = A_i x_i* + noise, x_i* differing per worker."""
     pieces: tuple[int, ...]
     """Sizes of the parameter tensors the d coordinates are cut into."""
+    separable: ClassVar[bool] = False
+    """Coordinates are coupled through A_i: the simulator runs step by step."""
 
     @classmethod
     def make(cls, *, workers: int, dim: int, rows: int, pieces: int = 4, seed: int = 0, spread: float = 1.0,
@@ -71,6 +74,8 @@ class DiagonalLeastSquares:
     c: torch.Tensor
     """(n, d) each worker's own optimum."""
     pieces: tuple[int, ...]
+    separable: ClassVar[bool] = True
+    """The gradient of coordinate j depends on coordinate j only: the blocked simulator applies."""
 
     @classmethod
     def make(cls, *, workers: int, dim: int, pieces: int = 4, seed: int = 0,

@@ -42,7 +42,7 @@ def mixing_gap(cfg: GossipConfig, world: int) -> float | None:
 
 def summarize(result: SimResult, cfg: GossipConfig, *, nbytes: float, device: str, gpus_per_node: int,
               segments: int) -> SyncRow:
-    n = result.z.shape[0]
+    n = result.weight.shape[0]  # not z: the command drops z (n x P) once a result is summarised
     kw = dict(world=n, nbytes=nbytes, device=DEVICES[device], segments=segments, topology=cfg.topology)
     return SyncRow(result=result, spectral_gap=mixing_gap(cfg, n),
                    comm_seconds_flat=predicted_comm_seconds(cfg.sync, gpus_per_node=1, **kw),
@@ -94,7 +94,7 @@ def print_table(rows: list[SyncRow], *, title: str) -> None:
         table.add_row(r.sync.value, "n/a" if row.spectral_gap is None else f"{row.spectral_gap:.4f}",
                       f"{r.consensus[-1]:.3e}", f"{r.rel_error[-1]:.3e}" if r.rel_error else "n/a",
                       fmt_bytes(r.bytes_per_worker_per_step), f"{row.comm_seconds_flat * 1e3:.3f} ms",
-                      f"{row.comm_seconds_hier * 1e3:.3f} ms", f"{r.seconds:.2f}")
+                      f"{row.comm_seconds_hier * 1e3:.3f} ms", f"{r.seconds:.2f} ({r.path.value})")
     console().print(table)
 
 

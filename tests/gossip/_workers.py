@@ -12,6 +12,17 @@ from shardsched.gossip.problems import LeastSquares, PiecewiseLinear, local_loss
 from shardsched.gossip.topology import derangement
 
 BOUNDS = [(0, 2), (2, 5), (5, 6)]  # three segments of a 6-element model
+REAL_CASES = {
+    "allreduce": (GossipConfig(sync=Sync.ALLREDUCE), 1),
+    "sgp": (GossipConfig(sync=Sync.SGP), 1),
+    "osgp": (GossipConfig(sync=Sync.OSGP), 1),
+    "dpsgd_ring": (GossipConfig(sync=Sync.DPSGD), 1),
+    "dpsgd_exp": (GossipConfig(sync=Sync.DPSGD, topology=Topology.EXPONENTIAL), 1),
+    "crossover": (GossipConfig(sync=Sync.CROSSOVER, seed=3), 3),
+    "crossover_g2": (GossipConfig(sync=Sync.CROSSOVER, groups=2, seed=3), 3),
+}
+"""Every algorithm, run for REAL_STEPS steps of least squares on 4 real workers and in the simulator."""
+REAL_STEPS, REAL_LR = 20, 0.5
 
 
 def _gather(t: torch.Tensor, group) -> torch.Tensor:
@@ -20,8 +31,8 @@ def _gather(t: torch.Tensor, group) -> torch.Tensor:
     return torch.stack(out)
 
 
-def invariants_worker(ctx, out: str) -> None:
-    """Mix random models by every rule on real workers; rank 0 saves every replica before and after."""
+def _invariants(ctx) -> dict:
+    """Mix random models by every rule on real workers; every replica before and after (on every rank)."""
     group, n = ctx.mesh.get_group(), ctx.world
     comm = ProcessGroupCommunicator(group, groups=(2,))
     z0 = torch.randn(1, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(ctx.rank))
@@ -46,12 +57,11 @@ def invariants_worker(ctx, out: str) -> None:
     gathered = [None] * n
     dist.all_gather_object(gathered, perms, group=group)
     res["perms"] = gathered
-    if ctx.rank == 0:
-        torch.save(res, out)
+    return res
 
 
-def real_worker(ctx, out: str, cases: dict, steps: int, lr: float) -> None:
-    """Least squares on real workers through GossipDataParallel; rank 0 saves every replica."""
+def _real(ctx, cases: dict, steps: int, lr: float) -> dict:
+    """Least squares on real workers through GossipDataParallel; every replica (on every rank)."""
     group = ctx.mesh.get_group()
     problem = LeastSquares.make(workers=ctx.world, dim=12, rows=16, pieces=4, seed=7)
     a, b = problem.a[ctx.rank], problem.b[ctx.rank]
@@ -68,5 +78,14 @@ def real_worker(ctx, out: str, cases: dict, steps: int, lr: float) -> None:
         gdp.flush()
         flat = torch.nn.utils.parameters_to_vector(gdp.model.parameters()).detach()
         res[name] = (_gather(flat, group), gdp.bytes_sent)
+    return res
+
+
+def gossip_worker(ctx, out: str, real_cases: dict | None, steps: int = 0, lr: float = 0.0) -> None:
+    """One launch for several test files (worker start-up is most of their time): the invariants,
+    and with `real_cases` the real-vs-simulated runs; rank 0 saves {"invariants": .., "real": ..}."""
+    res = {"invariants": _invariants(ctx)}
+    if real_cases is not None:
+        res["real"] = _real(ctx, real_cases, steps, lr)
     if ctx.rank == 0:
         torch.save(res, out)

@@ -7,15 +7,13 @@ import torch
 
 from shardsched.gossip.config import Topology
 from shardsched.gossip.topology import dpsgd_matrix
-from shardsched.train.launcher import launch
-from tests.gossip._workers import invariants_worker
 
 
-@pytest.fixture(scope="module", params=[4, 8])
-def mixed(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp("inv") / "res.pt"
-    launch(invariants_worker, nproc=request.param, args=(str(out),))
-    return request.param, torch.load(out, weights_only=False)
+@pytest.fixture(params=[4, 8])
+def mixed(request):
+    """(n, results) of the session's 4- and 8-worker launches (conftest.py)."""
+    n = request.param
+    return n, request.getfixturevalue("four_workers" if n == 4 else "eight_workers")["invariants"]
 
 
 def test_push_sum_conserves_weight_and_mass(mixed):
