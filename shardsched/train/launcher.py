@@ -238,6 +238,7 @@ def _worker_main(local_index: int, fn: Callable[..., Any], args: tuple, rdzv: Re
     dist.init_process_group(backend, rank=rank, world_size=rdzv.world, timeout=timeout,
                             store=_store(rdzv, rank=rank, timeout=timeout, local=spawned),
                             device_id=device if device.type == "cuda" else None)
+    failed = False
     try:
         mesh = init_device_mesh(device.type, (rdzv.world,))
         ctx = WorkerContext(rank=rank, world=rdzv.world, local_rank=local_rank, device=device, mesh=mesh)
@@ -265,9 +266,14 @@ def _worker_main(local_index: int, fn: Callable[..., Any], args: tuple, rdzv: Re
         # traceback only when asked, so a user sees one clean line.
         if spawned and os.environ.get("SHARDSCHED_DEBUG"):
             traceback.print_exc()
+        failed = True
         raise
     finally:
-        _destroy()
+        # Not on a failure: torch's spawn wrapper writes the traceback the parent
+        # reports only after we return, and tearing down a group whose peer is
+        # mid-collective can abort this process first (SIGABRT, nothing reported).
+        if not failed:
+            _destroy()
 
 
 def _store(rdzv: Rendezvous, *, rank: int, timeout: datetime.timedelta, local: bool) -> dist.TCPStore | None:

@@ -75,18 +75,20 @@ def _failure(i: int, code: int, finished: bool, error_file: str) -> tuple[int, E
         return 0, WorkerFailed(i, f"worker {i} exited with status 0 before the run finished")
     if _is_graceful(code):
         return None
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return 0, WorkerFailed(i, f"worker {i} was killed by {name}")
+    # A traceback the worker wrote names the cause even when the process then died of
+    # a signal: gloo can abort a process at exit, after the wrapper wrote the error.
     if error_file and os.path.exists(error_file) and os.path.getsize(error_file):
         with open(error_file, "rb") as fh:
             last = _last_line(pickle.load(fh))  # a traceback string that torch's wrapper wrote
         if last.startswith(_USAGE_PREFIX):
             return 1, UsageError(last[len(_USAGE_PREFIX):])  # bad input found inside a worker
         return 1, WorkerFailed(i, f"worker {i} failed: {last}")
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return 0, WorkerFailed(i, f"worker {i} was killed by {name}")
     return 0, WorkerFailed(i, f"worker {i} exited with status {code}")
 
 
