@@ -1,0 +1,107 @@
+"""Backward workspace per layer, measured: the bytes a layer's backward allocates on top
+of what the memory model already counts (`LayerProfile.workspace_bytes`).
+
+[Note: what the backward workspace is]
+`sim.memory._backward` puts a unit's peak at the start of its backward: everything
+persistent, the retained activations of the earlier units, the unit's own activations
+in full, plus `workspace_bytes`. So the workspace is measured as the peak, over the
+layer's backward (full backward pre-hook to full backward hook), of the live bytes
+above those at its start, plus the gradients flowing into it (its `grad_output`,
+which no other term counts). Activations freed while the layer's backward runs lower
+the live bytes as they do in FSDP2, and the weight gradients it produces raise them,
+so the simulator's peak of that moment is the real one. Live bytes are counted as
+PyTorch's `torch.distributed._tools.mem_tracker.MemTracker` does: every storage an op
+produces, once, released by a weakref finalizer; that works on real and fake tensors
+alike. A layer none of whose inputs needs a gradient (the embedding) gets its backward
+hook before its weight gradient exists, so its window stays open until backward ends.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+
+class BackwardWorkspace(TorchDispatchMode):
+    """Enter it around forward and backward; `workspace[name]` then holds each hooked
+    module's backward workspace in bytes ([Note: what the backward workspace is])."""
+
+    def __init__(self, model: nn.Module, names: list[str]):
+        super().__init__()
+        self.live = 0
+        self._seen = WeakIdKeyDictionary()
+        self._open: dict[str, list[int]] = {}  # name -> [base, peak]
+        self.workspace: dict[str, int] = {}
+        self.handles = []
+        for name in names:
+            if name:
+                self._attach(model.get_submodule(name), name)
+
+    def _track(self, t) -> None:
+        if not isinstance(t, torch.Tensor):
+            return
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        if st in self._seen:
+            return
+        nbytes = st.nbytes()
+        self._seen[st] = nbytes
+        self.live += nbytes
+        weakref.finalize(st, self._free, nbytes)
+
+    def _free(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            self._track(t)
+        for window in self._open.values():
+            window[1] = max(window[1], self.live)
+        return out
+
+    def _incoming(self, grads) -> int:
+        """Bytes of the distinct tracked storages among `grads`."""
+        sts = {id(st): st for g in grads if isinstance(g, torch.Tensor)
+               for st in [g.untyped_storage()] if st in self._seen}
+        return sum(self._seen[st] for st in sts.values())
+
+    def _attach(self, module: nn.Module, name: str) -> None:
+        def bwd_pre(m, grad_output):
+            self._open[name] = [self.live - self._incoming(grad_output), self.live]
+
+        def bwd_post(m, grad_input, grad_output):
+            if name in self._open and not all(g is None for g in grad_input):
+                self._close(name)
+
+        self.handles += [module.register_full_backward_pre_hook(bwd_pre),
+                         module.register_full_backward_hook(bwd_post)]
+
+    def _close(self, name: str) -> None:
+        base, peak = self._open.pop(name)
+        self.workspace[name] = max(self.workspace.get(name, 0), peak - base)
+
+    def finish(self) -> dict[str, int]:
+        """Close the windows still open (layers without input gradients); remove the hooks."""
+        for name in list(self._open):
+            self._close(name)
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        return self.workspace
+
+
+def above_model(measured: int, activation_bytes: int, grad_bytes: int) -> int:
+    """`LayerProfile.workspace_bytes` from a measured backward workspace: the simulator's
+    backward high-water mark is max(the layer's activations, its unsharded gradients)
+    plus the workspace (`sim.memory._backward`, at the start and at the end of the
+    backward), while the measured peak rises above its activations by `measured`,
+    gradients included. So where the gradients outweigh the activations, the excess
+    is already counted and comes off ([Note: what the backward workspace is])."""
+    return max(0, measured - max(0, grad_bytes - activation_bytes))
