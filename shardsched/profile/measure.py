@@ -188,14 +188,17 @@ def _measure_activations(model: nn.Module, inputs: tuple, hooks: _Hooks) -> dict
     return acts
 
 
-def _measure_workspace(model: nn.Module, inputs: tuple, names: list[str]) -> dict[str, int]:
+def _measure_workspace(model: nn.Module, inputs: tuple, layers: list[str], children: list[str]) -> dict[str, int]:
     """Each layer's and child's backward workspace (`profile.workspace`): one
     forward and backward under the live-bytes mode, gradients cleared after."""
-    ws = BackwardWorkspace(model, names)
+    ws = BackwardWorkspace(model, layers, children)
     try:
         with ws, warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            _loss(model(*inputs)).backward()
+            loss = _loss(model(*inputs))
+            ws.start_backward()
+            loss.backward()
+            del loss
     finally:
         workspace = ws.finish()
         for p in model.parameters():
@@ -265,7 +268,7 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
         acts = _measure_activations(run_model, run_inputs, hooks)
         for p in run_model.parameters():
             p.grad = None
-        workspace = _measure_workspace(run_model, run_inputs, [*names, *hooks.parent])
+        workspace = _measure_workspace(run_model, run_inputs, names, list(hooks.parent))
         fwd, bwd = _timed_steps(run_model, run_inputs, hooks, repeats=repeats, warmup=warmup)
     finally:
         hooks.remove()

@@ -226,7 +226,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
     exclude = {_storage_key(t) for t in [*state.values(), *L.tensors_in(fake_inputs)]}
     tracer = _Tracer(model, names, children)
     tracer.stats.itemsize = torch.empty((), dtype=dtype).element_size()
-    ws = BackwardWorkspace(model, [*names, *tracer.parent])
+    ws = BackwardWorkspace(model, names, list(tracer.parent))
     kept: list[torch.Tensor] = []  # keep saved storages alive: no StorageImpl reuse while we dedupe
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -245,6 +245,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 loss = loss_of(torch.func.functional_call(model, state, fake_inputs, tie_weights=True))
             kept.clear()  # the graph holds what backward needs; activations must free as it runs
+            ws.start_backward()
             loss.backward()
     except UsageError:
         raise

@@ -9,7 +9,12 @@ layer's backward (full backward pre-hook to full backward hook), of the live byt
 above those at its start, plus the gradients flowing into it (its `grad_output`,
 which no other term counts). Activations freed while the layer's backward runs lower
 the live bytes as they do in FSDP2, and the weight gradients it produces raise them,
-so the simulator's peak of that moment is the real one. Live bytes are counted as
+so the simulator's peak of that moment is the real one. A layer's window opens where
+the previous layer's backward ended (or where backward starts), not at its own
+backward pre-hook: code that runs after it in forward outside every layer (a tied LM
+head and its loss, folded into the last layer's activations by the profilers) runs
+just before its backward, and its transients are the layer's. Children get their own
+windows, pre-hook to hook. Live bytes are counted as
 PyTorch's `torch.distributed._tools.mem_tracker.MemTracker` does: every storage an op
 produces, once, released by a weakref finalizer; that works on real and fake tensors
 alike. A layer none of whose inputs needs a gradient (the embedding) gets its backward
@@ -30,16 +35,18 @@ class BackwardWorkspace(TorchDispatchMode):
     """Enter it around forward and backward; `workspace[name]` then holds each hooked
     module's backward workspace in bytes ([Note: what the backward workspace is])."""
 
-    def __init__(self, model: nn.Module, names: list[str]):
+    def __init__(self, model: nn.Module, layers: list[str], children: list[str]):
         super().__init__()
         self.live = 0
         self._seen = WeakIdKeyDictionary()
         self._open: dict[str, list[int]] = {}  # name -> [base, peak]
+        self._next: list[int] | None = None  # the window the next layer's backward takes over
         self.workspace: dict[str, int] = {}
         self.handles = []
-        for name in names:
-            if name:
-                self._attach(model.get_submodule(name), name)
+        for name in [n for n in layers if n]:
+            self._attach(model.get_submodule(name), name, layer=True)
+        for name in children:
+            self._attach(model.get_submodule(name), name, layer=False)
 
     def _track(self, t) -> None:
         if not isinstance(t, torch.Tensor):
@@ -62,9 +69,13 @@ class BackwardWorkspace(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             self._track(t)
-        for window in self._open.values():
+        for window in [*self._open.values(), *([self._next] if self._next else [])]:
             window[1] = max(window[1], self.live)
         return out
+
+    def start_backward(self) -> None:
+        """Call between the forward and `backward()`: the first layer's window opens."""
+        self._next = [self.live, self.live]
 
     def _incoming(self, grads) -> int:
         """Bytes of the distinct tracked storages among `grads`."""
@@ -72,13 +83,22 @@ class BackwardWorkspace(TorchDispatchMode):
                for st in [g.untyped_storage()] if st in self._seen}
         return sum(self._seen[st] for st in sts.values())
 
-    def _attach(self, module: nn.Module, name: str) -> None:
+    def _attach(self, module: nn.Module, name: str, *, layer: bool) -> None:
         def bwd_pre(m, grad_output):
-            self._open[name] = [self.live - self._incoming(grad_output), self.live]
+            base = self.live - self._incoming(grad_output)
+            if layer and self._next is not None:
+                # The lower base of the two: the previous layer's last temporaries may
+                # still have been live when its window closed.
+                self._open[name], self._next = [min(base, self._next[0]), max(self.live, self._next[1])], None
+            else:
+                self._open[name] = [base, self.live]
 
         def bwd_post(m, grad_input, grad_output):
             if name in self._open and not all(g is None for g in grad_input):
                 self._close(name)
+                if layer:  # its peak from the next op on: what the closing layer leaves is freed first
+                    base = self.live - self._incoming(grad_input)
+                    self._next = [base, base]
 
         self.handles += [module.register_full_backward_pre_hook(bwd_pre),
                          module.register_full_backward_hook(bwd_post)]
@@ -91,6 +111,7 @@ class BackwardWorkspace(TorchDispatchMode):
         """Close the windows still open (layers without input gradients); remove the hooks."""
         for name in list(self._open):
             self._close(name)
+        self._next = None
         for h in self.handles:
             h.remove()
         self.handles = []

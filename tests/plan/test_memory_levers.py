@@ -50,17 +50,13 @@ def measured_and_predicted(config: str, world: int, strategy: str, precision: st
 @pytest.mark.parametrize("world", [16, 64])
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_levers_predicted_within_3_percent(config, world):
-    """What each lever changes is predicted to within 3% of the measured peak: the
-    lever's predicted change over the same plan without it, against the measured change.
-    The absolute prediction carries the base model's error and is held to 6%: on
-    gelu-4x128 in fp32 every plan whose peak is inside a block's backward is 0.50 MiB
-    high (+2.4..2.9%, checkpointed plans +5.6..5.8% of their smaller peak). Measured:
-    the peak is at the block's first backward op with all its activations live and
-    1.5 MiB of temporaries (the incoming gradient, the gradient of the 1 MiB GELU
-    output, a weight gradient) next to the prefetched AllGather, which the tracker does
-    count (as "Temp"); the model's workspace is two of the largest saved tensor, 2 MiB
-    (`LayerProfile.workspace_bytes`). Closing it needs a measured per-layer backward
-    transient in the profilers, not a different constant."""
+    """Each lever's absolute peak is predicted to within 3% of the measured one, and so is
+    what it changes (the lever's predicted change over the same plan without it, against
+    the measured change). Measured: every case within 0.2% both ways. The peak inside a
+    block's backward (its first op: all its activations live, 1.5 MiB of temporaries on
+    gelu-4x128 fp32) is right because the profile's workspace is measured
+    (`profile.workspace`); with the old guess, two of the largest saved tensor, those
+    plans were 0.50 MiB high (+2.4..2.9%, checkpointed +5.6..5.8%)."""
     torch.set_num_threads(1)
     base, errors = {}, []
     for lever, precision, old in CASES[world]:
