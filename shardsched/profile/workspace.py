@@ -2,23 +2,26 @@
 of what the memory model already counts (`LayerProfile.workspace_bytes`).
 
 [Note: what the backward workspace is]
-`sim.memory._backward` puts a unit's peak at the start of its backward: everything
-persistent, the retained activations of the earlier units, the unit's own activations
-in full, plus `workspace_bytes`. So the workspace is measured as the peak, over the
-layer's backward (full backward pre-hook to full backward hook), of the live bytes
-above those at its start, plus the gradients flowing into it (its `grad_output`,
-which no other term counts). Activations freed while the layer's backward runs lower
-the live bytes as they do in FSDP2, and the weight gradients it produces raise them,
-so the simulator's peak of that moment is the real one. A layer's window opens where
-the previous layer's backward ended (or where backward starts), not at its own
-backward pre-hook: code that runs after it in forward outside every layer (a tied LM
-head and its loss, folded into the last layer's activations by the profilers) runs
-just before its backward, and its transients are the layer's. Children get their own
-windows, pre-hook to hook. Live bytes are counted as
-PyTorch's `torch.distributed._tools.mem_tracker.MemTracker` does: every storage an op
-produces, once, released by a weakref finalizer; that works on real and fake tensors
-alike. A layer none of whose inputs needs a gradient (the embedding) gets its backward
+`sim.memory._backward` puts a unit's backward peak at max(its activations, its unsharded
+gradients) plus `workspace_bytes`, on top of everything persistent and the earlier units'
+retained activations. So each layer's backward is watched in a window and its peak taken
+above the live bytes at the window's start less the gradient flowing into it (which no
+other term counts). Activations freed while the backward runs lower the live bytes as
+they do in FSDP2, and the weight gradients it produces raise them; `above_model` then
+takes off the part of the peak that the simulator's max(activations, gradients) already
+counts, so the simulator's peak is the real one (gelu-4x128 fp32: the 1.5 MiB at a
+block's first backward op, FSDPMemTracker's figure; tests/plan/test_memory_levers.py).
+A layer's window opens where the previous layer's backward ended (its full backward hook;
+the first at backward's start), not at its own full backward pre-hook: code that runs
+after it in forward outside every layer (a tied LM head and its loss, folded into its
+activations by the profilers) runs just before its backward, and those transients are
+its own; the lower of the two starts is its base (the previous layer's last temporaries
+may still be live when its window closes). Children get their own windows, pre-hook to
+hook. A layer none of whose inputs needs a gradient (the embedding) gets its backward
 hook before its weight gradient exists, so its window stays open until backward ends.
+Live bytes are counted as PyTorch's `torch.distributed._tools.mem_tracker.MemTracker`
+does: every storage an op produces, once, released by a weakref finalizer; that works on
+real and fake tensors alike.
 """
 from __future__ import annotations
 
