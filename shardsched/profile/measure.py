@@ -158,11 +158,14 @@ def _storage(t: torch.Tensor) -> tuple[int, int] | None:
         return None
 
 
-def _measure_activations(model: nn.Module, inputs: tuple, hooks: _Hooks) -> dict[str, int]:
-    """Bytes of the storages saved for backward, attributed to the layer (and
-    child) running when autograd saved them, each storage once. Parameters and
-    buffers are persistent state, and the example inputs are `input_bytes`, so
-    none of them counts as an activation."""
+def _measure_memory(model: nn.Module, inputs: tuple, hooks: _Hooks,
+                    children: list[str]) -> tuple[dict[str, int], dict[str, int]]:
+    """One forward and backward. Activations: bytes of the storages saved for backward,
+    attributed to the layer (and child) running when autograd saved them, each storage
+    once; parameters and buffers are persistent state, and the example inputs are
+    `input_bytes`, so none of them counts. Workspace: each layer's and child's backward
+    workspace (`profile.workspace`), the backward running under its live-bytes mode.
+    Gradients are cleared before and after."""
     exclude = {_storage(t)[0] for t in [*model.parameters(), *model.buffers(), *L.tensors_in(inputs)]
                if _storage(t)}
     acts: dict[str, int] = defaultdict(int)
@@ -180,22 +183,16 @@ def _measure_activations(model: nn.Module, inputs: tuple, hooks: _Hooks) -> dict
             acts[child] += st[1]
         return t
 
+    for p in model.parameters():
+        p.grad = None
     hooks.reset()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = _loss(model(*inputs))
-    del loss
-    kept.clear()
-    return acts
-
-
-def _measure_workspace(model: nn.Module, inputs: tuple, layers: list[str], children: list[str]) -> dict[str, int]:
-    """Each layer's and child's backward workspace (`profile.workspace`): one
-    forward and backward under the live-bytes mode, gradients cleared after."""
-    ws = BackwardWorkspace(model, layers, children)
+    ws = BackwardWorkspace(model, hooks.layers, children)
     try:
         with ws, warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            loss = _loss(model(*inputs))
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                loss = _loss(model(*inputs))
+            kept.clear()  # the graph holds what backward needs; activations must free as it runs
             ws.start_backward()
             loss.backward()
             del loss
@@ -203,7 +200,7 @@ def _measure_workspace(model: nn.Module, inputs: tuple, layers: list[str], child
         workspace = ws.finish()
         for p in model.parameters():
             p.grad = None
-    return workspace
+    return acts, workspace
 
 
 def _timed_steps(model: nn.Module, inputs: tuple, hooks: _Hooks, *, repeats: int, warmup: int):
@@ -265,10 +262,7 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
     saved_grads = {p: p.grad for p in run_model.parameters()}
     hooks = _Hooks(run_model, names, children)
     try:
-        acts = _measure_activations(run_model, run_inputs, hooks)
-        for p in run_model.parameters():
-            p.grad = None
-        workspace = _measure_workspace(run_model, run_inputs, names, list(hooks.parent))
+        acts, workspace = _measure_memory(run_model, run_inputs, hooks, list(hooks.parent))
         fwd, bwd = _timed_steps(run_model, run_inputs, hooks, repeats=repeats, warmup=warmup)
     finally:
         hooks.remove()

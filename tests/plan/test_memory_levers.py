@@ -5,17 +5,14 @@ fake process group, with the 2-D (nodes, gpus_per_node) mesh the hybrid strategi
 and FSDP2's int `reshard_after_forward` for full_shard/node. Dim-0 sizes of every
 parameter divide the shard counts, so FSDP2 pads nothing.
 """
-import functools
-
 import pytest
 import torch
 
 from shardsched.cost.device import DEVICES, Cluster
 from shardsched.solve.build import make_plan
-from shardsched.profile.measure import measure_profile
 from shardsched.models.gpt import GPT
 
-from tests.plan.test_memory_vs_fsdp2 import CONFIGS, fsdp_peak
+from tests.plan.test_memory_vs_fsdp2 import CONFIGS, fsdp_peak, profile_of
 
 GPUS_PER_NODE = 8
 CASES = {  # world -> (lever, precision, the same plan with the old strategies and no checkpointing)
@@ -27,16 +24,6 @@ CASES = {  # world -> (lever, precision, the same plan with the old strategies a
          ("full_shard/node+ckpt", "fp32", "full_shard"),
          ("hybrid_shard", "bf16-mixed", "full_shard")],
 }
-
-
-@functools.lru_cache(maxsize=None)
-def profile_of(config: str, precision: str):
-    cfg, micro_batch = CONFIGS[config]
-    torch.manual_seed(0)
-    x = torch.randint(0, cfg.vocab, (micro_batch, cfg.seq))
-    y = torch.randint(0, cfg.vocab, (micro_batch, cfg.seq))
-    dtype = "bfloat16" if precision == "bf16-mixed" else "float32"
-    return measure_profile(GPT(cfg), (x, y), name="t", repeats=1, warmup=0, compute_dtype=dtype), x, y
 
 
 def measured_and_predicted(config: str, world: int, strategy: str, precision: str) -> tuple[int, int]:
