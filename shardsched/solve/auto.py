@@ -118,9 +118,9 @@ def auto_plan(profile: Profile, cluster: Cluster, *, spec: StrategySpec, precisi
     # Ties go to the MILP's schedule (it carries a proof), then to the smaller peak.
     best = min(pool + highs, key=lambda s: (s.seconds, s.name != "highs", s.peak))
     r = info.get(id(best))
-    # An infinite gap means HiGHS has no bound: say "unknown" (None), as greedy does.
+    # `MilpResult.gap` is None when HiGHS has no bound ("unknown"), as greedy's is.
     solver = SolverInfo(name="highs" if r else "greedy", status=r.status if r else "feasible",
-                        gap=r.gap if r and r.gap is not None and math.isfinite(r.gap) else None, seconds=time.perf_counter() - t0)
+                        gap=r.gap if r else None, seconds=time.perf_counter() - t0)
     notes = explain(best, baselines=base, budget=budget, candidates=len(problems), pins=pins) + notes
     sc = best.problem.scenario(best.choice)
     return plan_from_scenario(sc, profile=profile, memory_budget_bytes=memory_budget_bytes, solver=solver,

@@ -539,7 +539,7 @@ def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | 
     status = h.modelStatusToString(h.getModelStatus()).lower()
     info = h.getInfo()
     if info.primal_solution_status == 0:  # no feasible point
-        return MilpResult(None, math.inf, status, math.inf, time.perf_counter() - t0)
+        return MilpResult(None, math.inf, status, None, time.perf_counter() - t0)  # no point, no bound
     x = np.array(h.getSolution().col_value)
     return MilpResult(b.choice(x), info.objective_function_value * b.tscale, status,
                       _gap(status, float(info.mip_gap)), time.perf_counter() - t0)
