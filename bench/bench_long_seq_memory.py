@@ -37,7 +37,7 @@ def gpt_case(seq: int):
         torch.manual_seed(0)
         x = torch.randint(0, cfg.vocab, (1, seq))
         return GPT(cfg), (x, torch.roll(x, -1, 1))
-    return analytic_profile(cfg, micro_batch=1, seq=seq, device=DEVICES["cpu"]), build
+    return analytic_profile(cfg, micro_batch=1, seq=seq, device=DEVICES["cpu"], compute_dtype="float32"), build
 
 
 def hf_case(seq: int):

@@ -76,8 +76,33 @@ def unit_dims(layers: list[LayerProfile]) -> tuple[tuple[int, int], ...]:
     return tuple(d for layer in layers for d in layer.dims)
 
 
+def kept_when_checkpointed(layer: LayerProfile) -> int:
+    """A checkpointed layer's inputs, and what code outside it saved (not recomputed)."""
+    return layer.input_bytes + layer.outside_bytes
+
+
+# [Note: checkpointed units, layer by layer]
+# `parallelize` checkpoints each layer of a unit on its own (composable `checkpoint`
+# per module), not the unit as one block. So in forward a checkpointed unit's layers
+# keep their inputs, and in backward they are recomputed one at a time, last first:
+# when layer k is recomputed, the layers after it are done (freed) and the layers
+# before it still hold their inputs. Counting the whole unit's activations at once
+# over-counts by all but one layer (GPT, 4 blocks at seq 1024 in 2 units: +38% at the
+# peak, measured with FSDPMemTracker; bench/bench_long_seq_memory.py).
+
+def checkpointed_backward_bytes(layers: list[LayerProfile]) -> int:
+    """max over k of (kept by layers before k + activations of k + workspace of k)."""
+    best, before = 0, 0
+    for layer in layers:
+        ws = layer.workspace_bytes or layer.activation_bytes // 2
+        best = max(best, before + layer.activation_bytes + ws)
+        before += kept_when_checkpointed(layer)
+    return best
+
+
 def unit_cost(layers: list[LayerProfile]) -> UnitCost:
     names = tuple(layer.name for layer in layers)
+    last_input = layers[-1].input_bytes if len(layers) > 1 else 0
     return UnitCost(name=unit_name(names), layers=names, dims=unit_dims(layers),
                     params=sum(layer.params for layer in layers),
                     forward_seconds=sum(layer.forward_seconds for layer in layers),
@@ -85,10 +110,11 @@ def unit_cost(layers: list[LayerProfile]) -> UnitCost:
                     activation_bytes=sum(layer.activation_bytes for layer in layers),
                     # live when its last module gathers again (`sim.memory`): what the others
                     # saved, and the last one's input
-                    lead_activation_bytes=(sum(layer.activation_bytes for layer in layers[:-1])
-                                           + (layers[-1].input_bytes if len(layers) > 1 else 0)),
+                    lead_activation_bytes=sum(layer.activation_bytes for layer in layers[:-1]) + last_input,
+                    checkpointed_lead_bytes=sum(map(kept_when_checkpointed, layers[:-1])) + last_input,
                     workspace_bytes=workspace_bytes(layers),
-                    input_bytes=sum(layer.input_bytes for layer in layers))
+                    input_bytes=sum(map(kept_when_checkpointed, layers)),
+                    checkpointed_backward_bytes=checkpointed_backward_bytes(layers))
 
 
 def group_layers(profile: Profile, strategies: list, *, block_params: int) -> list[list[int]]:

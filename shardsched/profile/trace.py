@@ -73,6 +73,7 @@ class _Stats:
         self.acts: dict[str, int] = defaultdict(int)
         self.largest: dict[str, int] = defaultdict(int)
         self.inputs: dict[str, int] = defaultdict(int)
+        self.outside: dict[str, int] = defaultdict(int)  # `LayerProfile.outside_bytes`
 
 
 class _Tracer:
@@ -114,6 +115,10 @@ class _Tracer:
         layer = next((n for n in reversed(self.stack) if n in self.layer_set), None) or self.last or _PRE
         child = next((n for n in reversed(self.stack) if self.parent.get(n) == layer), None)
         return (layer,) if child is None else (layer, child)
+
+    def outside(self) -> bool:
+        """No layer's module is running: the code belongs to no layer (folded into one)."""
+        return not any(n in self.layer_set for n in self.stack)
 
     def key(self) -> tuple[tuple[str, ...], str]:
         node = torch._C._current_autograd_node()
@@ -231,9 +236,12 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
             exclude.add(k)
             kept.append(t)
             nbytes = t.untyped_storage().nbytes()
-            for key in tracer.forward_key():
+            keys = tracer.forward_key()
+            for key in keys:
                 tracer.stats.acts[key] += nbytes
                 tracer.stats.largest[key] = max(tracer.stats.largest[key], nbytes)
+            if tracer.outside():
+                tracer.stats.outside[keys[0]] += nbytes
         return t
 
     try:
@@ -331,13 +339,13 @@ def _expand(tracer: _Tracer, full: list[str], kids: list[str], stacks) -> None:
     targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
                   {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
-                  [d.get(src, 0) for d in (st.acts, st.largest, st.inputs)]) for _, src in targets}
+                  [d.get(src, 0) for d in (st.acts, st.largest, st.inputs, st.outside)]) for _, src in targets}
     for name, src in targets:
         flops, moved, rest = snap[src]
         for ph in ("fwd", "bwd"):
             st.flops[ph][name] = defaultdict(float, flops[ph])
             st.moved[ph][name] = moved[ph]
-        for d, v in zip((st.acts, st.largest, st.inputs), rest):
+        for d, v in zip((st.acts, st.largest, st.inputs, st.outside), rest):
             d[name] = v
 
     def order(ran: list[str], names: list[str]) -> list[str]:
@@ -371,7 +379,10 @@ def _fold(stats: _Stats, ran: list[str], final: list[str]) -> None:
             for c, f in stats.flops[ph].pop(k, {}).items():
                 stats.flops[ph][target][c] += f
             stats.moved[ph][target] += stats.moved[ph].pop(k, 0)
+        # Its module is not the target's, so checkpointing the target does not recompute it.
+        stats.outside[target] += stats.acts.get(k, 0)
         stats.acts[target] += stats.acts.pop(k, 0)
+        stats.outside.pop(k, None)
         stats.largest[target] = max(stats.largest[target], stats.largest.pop(k, 0))
 
 
@@ -384,7 +395,7 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         forward_seconds=device.compute_seconds(fwd) + st.moved["fwd"].get(name, 0) / bw,
         backward_seconds=device.compute_seconds(bwd) + st.moved["bwd"].get(name, 0) / bw,
         activation_bytes=st.acts.get(name, 0), workspace_bytes=2 * st.largest.get(name, 0),
-        input_bytes=st.inputs.get(name, 0), forward_flops=fwd, backward_flops=bwd,
+        input_bytes=st.inputs.get(name, 0), outside_bytes=st.outside.get(name, 0), forward_flops=fwd, backward_flops=bwd,
         forward_moved_bytes=st.moved["fwd"].get(name, 0), backward_moved_bytes=st.moved["bwd"].get(name, 0),
         children=kids)
 

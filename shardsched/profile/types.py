@@ -35,6 +35,11 @@ class LayerProfile:
     input_bytes: int = 0
     """Bytes of the layer's forward inputs: what a checkpointed layer keeps for its
     backward instead of `activation_bytes` (it recomputes the rest). 0 = unknown."""
+    outside_bytes: int = 0
+    """Of `activation_bytes`, what code outside the layer's module saved and the
+    profilers folded into it (a loss or a tied head after the last layer, a dropout
+    between layers): checkpointing the layer does not recompute that code, so a
+    checkpointed layer keeps these bytes next to its inputs."""
     children: tuple["LayerProfile", ...] = ()
     """Parameter-holding children, for tensor partitioning of a large layer."""
     dims: tuple[tuple[int, int], ...] = ()

@@ -155,9 +155,11 @@ class _Live:
         """Retained activations of units 0..upto."""
         return sum(self.retained[: upto + 1])
 
-    def recomputed(self, i: int) -> int:
-        """Activations live at unit i's backward: earlier units' retained, its own in full."""
-        return self.activations(i - 1) + self.sc.units[i].activation_bytes
+    def backward_start(self, i: int) -> int:
+        """Activations and workspace live as unit i's backward starts: earlier units'
+        retained, its own in full with its workspace (checkpointed: recomputed layer by
+        layer, `Scenario.backward_bytes`)."""
+        return self.activations(i - 1) + self.sc.backward_bytes(i)
 
 
 def step_memory(sc: Scenario) -> list[StepMemory]:
@@ -186,13 +188,14 @@ def _forward(live: _Live, i: int) -> list[MemoryBreakdown]:
                   act=live.activations(i) + sc.units[i].workspace_bytes // 2,
                   comm=live.agbuf[i] + live.pending_gathers(s, include_launched_here=True))
     moments = [copyout, compute]
-    if extra_gather(sc.units[i], sc.strategies[i]):
-        # Its later modules gather again while the unit's first AllGather output is still
-        # the held one (the previous unit's was freed at the first copy-out); the
-        # prefetches launched at the unit's first module are in flight.
-        moments.append(_mb(live, unsharded=live.unsharded_live(s),
-                           act=live.activations(i - 1) + sc.units[i].lead_activation_bytes,
-                           comm=2 * live.agbuf[i] + live.pending_gathers(s, include_launched_here=True)))
+    if len(sc.units[i].layers) > 1:
+        # Its last module starts with the others' activations and its input live. Units
+        # that reshard after forward gather again there while the unit's first AllGather
+        # output is still the held one (the previous unit's was freed at the first
+        # copy-out); the prefetches launched at the unit's first module are in flight.
+        extra = extra_gather(sc.units[i], sc.strategies[i])
+        moments.append(_mb(live, unsharded=live.unsharded_live(s), act=live.activations(i - 1) + sc.lead_bytes(i),
+                           comm=(1 + extra) * live.agbuf[i] + live.pending_gathers(s, include_launched_here=True)))
     return moments
 
 
@@ -206,7 +209,7 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
     # start all activations are live, at the end all gradients; the workspace
     # (gradients of the largest activations) is live throughout.
     moments = [_mb(live, unsharded=live.unsharded_live(s), grads=grads,
-                   act=live.recomputed(i) + sc.units[i].workspace_bytes, comm=held_rs + pending),
+                   act=live.backward_start(i), comm=held_rs + pending),
                _mb(live, unsharded=live.unsharded_live(s), grads=grads + live.ugrad[i],
                    act=live.activations(i - 1) + sc.units[i].workspace_bytes, comm=held_rs + pending),
                _mb(live, unsharded=live.unsharded_live(s, exclude=i), grads=grads + live.ugrad[i],

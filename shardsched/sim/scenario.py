@@ -38,7 +38,15 @@ class UnitCost:
     """Activations of all its layers but the last, and the last one's input: live when
     its last module starts."""
     input_bytes: int = 0
-    """Sum of its layers' forward inputs: what it retains instead when checkpointed."""
+    """What it retains instead when checkpointed: its layers' forward inputs, and what
+    code outside them saved (`LayerProfile.outside_bytes`: not recomputed)."""
+    checkpointed_lead_bytes: int = 0
+    """`lead_activation_bytes` when checkpointed: its other layers keep only their inputs."""
+    checkpointed_backward_bytes: int = 0
+    """Activations and workspace of its own at its backward when checkpointed: its layers
+    are recomputed one at a time (PyTorch checkpoints each layer), so the largest over
+    its layers k of (inputs kept by the layers before k + k's activations + k's workspace)
+    ([Note: checkpointed units, layer by layer] in `plan.units`)."""
 
     def shard_numel(self, n: int) -> int:
         """Elements per worker sharded n ways (dim 0 of each parameter padded)."""
@@ -79,6 +87,17 @@ class Scenario:
         """Activations unit i keeps from its forward to its backward."""
         u = self.units[i]
         return u.input_bytes if self.ckpt(i) else u.activation_bytes
+
+    def lead_bytes(self, i: int) -> int:
+        """Activations of unit i live when its last module starts (`lead_activation_bytes`)."""
+        u = self.units[i]
+        return u.checkpointed_lead_bytes if self.ckpt(i) else u.lead_activation_bytes
+
+    def backward_bytes(self, i: int) -> int:
+        """Activations and workspace of unit i's own at the start of its backward: all its
+        activations and its workspace, or, checkpointed, its layers recomputed one by one."""
+        u = self.units[i]
+        return u.checkpointed_backward_bytes if self.ckpt(i) else u.activation_bytes + u.workspace_bytes
 
     def backward_seconds(self, i: int) -> float:
         """A checkpointed unit recomputes its forward inside its backward."""

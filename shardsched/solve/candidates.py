@@ -80,12 +80,15 @@ def _with_residual(layer: LayerProfile) -> list[LayerProfile]:
     (residual adds, attention core), so the partition costs what the layer does."""
     kids = list(layer.children)
     last = kids[-1]
+    residual = layer.activation_bytes - sum(c.activation_bytes for c in kids)
     kids[-1] = LayerProfile(
         name=last.name, params=last.params + layer.params - sum(c.params for c in kids),
         forward_seconds=last.forward_seconds + layer.forward_seconds - sum(c.forward_seconds for c in kids),
         backward_seconds=last.backward_seconds + layer.backward_seconds - sum(c.backward_seconds for c in kids),
-        activation_bytes=last.activation_bytes + layer.activation_bytes - sum(c.activation_bytes for c in kids),
-        workspace_bytes=last.workspace_bytes,
+        activation_bytes=last.activation_bytes + residual,
+        workspace_bytes=last.workspace_bytes, input_bytes=last.input_bytes,
+        # the parent's own code runs outside the child: checkpointing the child keeps it
+        outside_bytes=last.outside_bytes + max(0, residual),
         dims=last.dims if layer.params == sum(c.params for c in kids) else ())
     return kids
 

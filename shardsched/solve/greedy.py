@@ -77,7 +77,9 @@ class Evaluator:
         for i in range(n):
             u, prev = unsh[i] + ag[i], ag[i - 1] if i else 0.0
             unit = self.p.costs[i]
-            extra = extra_gather(unit, ch.strategies[i]) * (unsh[i] + unit.lead_activation_bytes)
+            ck = bool(ch.ckpt and ch.ckpt[i])
+            lead = unit.checkpointed_lead_bytes if ck else unit.lead_activation_bytes
+            extra = extra_gather(unit, ch.strategies[i]) * unsh[i] + (lead if len(unit.layers) > 1 else 0)
             out.append(pers + U[i] + max(u + prev + self.act[i] + exc[i],
                                          u + extra + self.act[i] + inc[i],
                                          u + self.act[i + 1] + c.ws[i] // 2 + inc[i]))
@@ -93,7 +95,8 @@ class Evaluator:
         held_rs = rs[i + 1] if i + 1 < n else 0
         base = pers + U[i] + G[i + 1] + (c.root_grad if holds_root_grad(i, n) else 0)
         u = unsh[i]
-        m = max(u + self.act[i] + c.act[i] + c.ws[i] + held_rs + inc[s],  # backward starts (recomputed)
+        own = c.ckbwd[i] if ch.ckpt and ch.ckpt[i] else c.act[i] + c.ws[i]  # `Scenario.backward_bytes`
+        m = max(u + self.act[i] + own + held_rs + inc[s],  # backward starts (checkpointed: recomputed)
                 u + c.ugrad[i] + self.act[i] + c.ws[i] + held_rs + inc[s],  # backward ends
                 c.ugrad[i] + self.act[i] + rs[i] + inc[s])  # reduce
         if ch.strategies[i].gathers_for_backward:  # copy-out, its post-forward slice still live

@@ -34,7 +34,9 @@ linear expression of z, ck and x, constrained <= budget. Running sums (persisten
 states, reduced gradients, bytes held between forward and backward: the unsharded
 copy, hpZ's node-sized slice or nothing; retained activations A[i] = A[i-1] + act[i]
 - ck[i] (act[i] - input[i])) are auxiliary variables so rows stay short. A
-checkpointed unit's backward rows count its activations in full (recomputed); its
+checkpointed unit's backward-start row counts its layers recomputed one at a time
+(`UnitCost.checkpointed_backward_bytes`, a ck[i] term), its forward row for the start
+of its last module the other layers' kept inputs (`checkpointed_lead_bytes`); its
 backward copy-out row (gated by big-M on the gathering strategies' z) only its inputs
 and, for full_shard_node, its slice.
 
@@ -154,6 +156,11 @@ class Costs(NamedTuple):
     inp: list[int]
     """Activations a checkpointed unit retains (its layers' inputs)."""
     ws: list[int]
+    ckbwd: list[int]
+    """A checkpointed unit's own activations and workspace at its backward (`UnitCost.checkpointed_backward_bytes`)."""
+    lead: list[int]
+    cklead: list[int]
+    """Activations live when a unit's last module starts, plain and checkpointed."""
     state: object
     input_bytes: int
     opt_factor: float
@@ -183,7 +190,8 @@ def costs_of(p: Problem) -> Costs:
                  rsbuf=[c.padded_numel(cl.world) * sb.reduce for c in p.costs],
                  unsh_by=unsh_by, rs_by=rs_by, root_grad=root_grad_bytes(sc),
                  act=[c.activation_bytes for c in p.costs], inp=[c.input_bytes for c in p.costs],
-                 ws=[c.workspace_bytes for c in p.costs],
+                 ws=[c.workspace_bytes for c in p.costs], ckbwd=[c.checkpointed_backward_bytes for c in p.costs],
+                 lead=[c.lead_activation_bytes for c in p.costs], cklead=[c.checkpointed_lead_bytes for c in p.costs],
                  state=sb, input_bytes=sc.input_bytes, opt_factor=sc.optimizer_workspace_factor,
                  opt_per_param=optimizer_seconds_per_param(sb, cl))
 
@@ -402,17 +410,17 @@ class _Build:
             # over: none for replicate units (`sim.memory`: a shard group of one copies in place).
             unit = self.p.costs[i]
             own = self.zexpr(i, {k: c.unsh_by[i][k] * (1 + forward_gathers(unit, k)) * g for k in self.z[i]})
-            extra = self.zexpr(i, {k: extra_gather(unit, k) * (c.unsh_by[i][k] + unit.lead_activation_bytes) * g
-                                   for k in self.z[i]})
+            extra = self.zexpr(i, {k: extra_gather(unit, k) * c.unsh_by[i][k] * g for k in self.z[i]})
+            extra = _add(extra, self._ck_term(i, c.cklead[i] - c.lead[i]))
             prev = self.zexpr(i - 1, {k: forward_gathers(self.p.costs[i - 1], k) * c.unsh_by[i - 1][k] * g
                                       for k in self.z[i - 1]}) if i else {}
             live = _add(_add(base, {self.U[i]: 1.0}), own)
             (a0, k0), (a1, k1) = self.A[i], self.A[i + 1]
             self._mem(i, _add(_add(_add(live, prev), a0), self._pending(i, inclusive=False)),
                       k0 + c.input_bytes * g, cap)
-            if len(unit.layers) > 1:  # its later modules gather again (for other strategies: below the next row)
+            if len(unit.layers) > 1:  # its last module starts (and gathers again when it reshards)
                 self._mem(i, _add(_add(_add(live, extra), a0), self._pending(i, inclusive=True)),
-                          k0 + c.input_bytes * g, cap)
+                          k0 + (c.lead[i] + c.input_bytes) * g, cap)
             self._mem(i, _add(_add(live, a1), self._pending(i, inclusive=True)),
                       k1 + (c.ws[i] // 2 + c.input_bytes) * g, cap)
         for s in range(n, 2 * n):
@@ -434,7 +442,8 @@ class _Build:
         (a0, k0), (a1, k1) = self.A[i], self.A[i + 1]
         pend = _add(_add(live, a0), self._pending(s, inclusive=True))
         inp = c.input_bytes + (c.root_grad if holds_root_grad(i, n) else 0)  # `sim.memory.root_grad_bytes`
-        self._mem(s, _add(_add(pend, u), held_rs), k0 + (c.act[i] + c.ws[i] + inp) * g, cap)
+        start = _add(_add(_add(pend, u), held_rs), self._ck_term(i, c.ckbwd[i] - c.act[i] - c.ws[i]))
+        self._mem(s, start, k0 + (c.act[i] + c.ws[i] + inp) * g, cap)
         self._mem(s, _add(_add(pend, u), held_rs), k0 + (c.ugrad[i] + c.ws[i] + inp) * g, cap)
         self._mem(s, _add(pend, self.zexpr(i, {k: c.rs_by[i][k] * g for k in self.z[i]})),
                   k0 + (c.ugrad[i] + inp) * g, cap)
@@ -447,6 +456,10 @@ class _Build:
             big = self._bytes_bound() * g  # more than any moment can hold
             self.m.row(_add(terms, {v: big for v in gate}), hi=cap - const + big)
             self.mem_rows.append((s, terms, const, tuple(gate)))
+
+    def _ck_term(self, i: int, delta: float) -> dict:
+        """`delta` bytes (in GiB) when unit i is checkpointed: a term on its binary."""
+        return {self.ck[i]: delta / GiB} if self.ck[i] is not None and delta else {}
 
     def _bytes_bound(self) -> float:
         c = self.c
