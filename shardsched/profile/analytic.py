@@ -23,6 +23,7 @@ from shardsched.errors import UsageError
 from shardsched.profile.fingerprint import fingerprint_of_shapes
 from shardsched.models.spec import config_dict
 from shardsched.profile.types import LayerProfile, Profile
+from shardsched.profile.workspace import above_model
 from shardsched.models.gpt_config import GPTConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -163,17 +164,19 @@ def _leaf(name: str, *, params: int, fwd_seconds: float, act: int, largest: int 
                         input_bytes=inp)
 
 
-def _parent(name: str, children: list[LayerProfile], *, extra_fwd: float = 0.0, extra_act: int = 0,
-            extra_bwd: float | None = None, largest: int = 0, inp: int = 0) -> LayerProfile:
-    """A layer whose costs are its children's plus what runs outside them; its
-    workspace is its largest child's, or two of its own largest saved tensor."""
+def _parent(name: str, children: list[LayerProfile], *, d: int, backward_peak: int, extra_fwd: float = 0.0,
+            extra_act: int = 0, extra_bwd: float | None = None, inp: int = 0) -> LayerProfile:
+    """A layer whose costs are its children's plus what runs outside them. Its
+    workspace comes from `backward_peak`, the bytes its backward holds above its
+    activations at its highest (`profile.workspace`, [Note: what the backward workspace
+    is]), its gradients being in the compute dtype (`d` bytes)."""
+    params, act = sum(c.params for c in children), sum(c.activation_bytes for c in children) + extra_act
     return LayerProfile(
-        workspace_bytes=max([c.workspace_bytes for c in children] + [2 * largest]),
-        name=name, params=sum(c.params for c in children),
+        workspace_bytes=above_model(backward_peak, act, params * d),
+        name=name, params=params,
         forward_seconds=sum(c.forward_seconds for c in children) + extra_fwd,
         backward_seconds=sum(c.backward_seconds for c in children) + (2 * extra_fwd if extra_bwd is None else extra_bwd),
-        activation_bytes=sum(c.activation_bytes for c in children) + extra_act,
-        input_bytes=inp, children=tuple(children))
+        activation_bytes=act, input_bytes=inp, children=tuple(children))
 
 
 def _block(ctx: _Ctx, prefix: str, shapes: dict[str, Shapes]) -> LayerProfile:
@@ -190,7 +193,29 @@ def _block(ctx: _Ctx, prefix: str, shapes: dict[str, Shapes]) -> LayerProfile:
         # Every child reads one (T, h) tensor of the residual stream (checkpointing keeps it).
         children.append(_leaf(child, params=p, fwd_seconds=flops / ctx.flops, act=acts[kind],
                               largest=_largest_saved(cfg, kind, T, d, ctx.fused_rms), inp=T * cfg.hidden * d))
-    return _parent(prefix, children, inp=T * cfg.hidden * d)
+    params, act = sum(c.params for c in children), sum(c.activation_bytes for c in children)
+    return _parent(prefix, children, inp=T * cfg.hidden * d, d=d,
+                   backward_peak=_block_backward_peak(cfg, T, d, grads=params * d, act=act))
+
+
+def _block_backward_peak(cfg: GPTConfig, tokens: int, d: int, *, grads: int, act: int) -> int:
+    """Bytes above the block's activations at its backward's peak, gradients included.
+    Activation-heavy blocks peak in the MLP's first ops (it runs first), all the
+    block's activations still live: the incoming (T, h) gradient, the down
+    projection's weight (and bias) gradient and the gradient of its (T, ffn) input,
+    and for SwiGLU the first of the two (T, ffn) gradients of the gated product.
+    Parameter-heavy ones peak late, in the attention's input projection: every weight
+    gradient, every activation freed, and eight (T, h) gradients (a count read off
+    the trace, not derived op by op: the gradients of q, k, v, of the input, and of
+    the residual stream). Equal to the traced peak
+    (`profile.workspace`) in both regimes for gelu/layernorm, and for swiglu/rmsnorm
+    when activations dominate (tests/profile/test_trace.py); a parameter-heavy SwiGLU
+    block peaks inside its MLP, higher than either (up to ~9 (T, h) tensors at 16
+    tokens of hidden 256), which this misses."""
+    h, f = cfg.hidden, cfg.ffn_size
+    inner = 2 if cfg.mlp == "swiglu" else 1
+    first_ops = d * (tokens * h + inner * tokens * f + h * f + (h if cfg.bias else 0))
+    return max(first_ops, grads - act + 8 * tokens * h * d)
 
 
 def _largest_saved(cfg: GPTConfig, kind: str, tokens: int, d: int, fused_rms: bool) -> int:
@@ -215,7 +240,10 @@ def _embed(ctx: _Ctx, shapes: dict[str, Shapes]) -> LayerProfile:
         act = 8 * ctx.s if child == "embed.pos" else 0
         children.append(LayerProfile(name=child, params=p, forward_seconds=fwd,
                                      backward_seconds=fwd + 2 * 4 * p / ctx.bandwidth, activation_bytes=act))
-    return _parent("embed", children)
+    # At its end, its backward holds the incoming (T, h) gradient besides its weight
+    # gradients, its (position index) activations freed.
+    grads, act = sum(c.params for c in children) * d, sum(c.activation_bytes for c in children)
+    return _parent("embed", children, d=d, backward_peak=T * h * d + grads - act)
 
 
 def _head(ctx: _Ctx, shapes: dict[str, Shapes]) -> LayerProfile:
@@ -229,8 +257,11 @@ def _head(ctx: _Ctx, shapes: dict[str, Shapes]) -> LayerProfile:
     out = _leaf("head.out", params=out_p, fwd_seconds=2 * cfg.hidden * cfg.vocab * T / ctx.flops, act=x, inp=x)
     ce_seconds = 3 * T * cfg.vocab * 4 / ctx.bandwidth  # read logits, write fp32 copy and log-probs
     # + 4: nll_loss's 0-d fp32 total_weight; targets are example input (input_bytes).
+    # Backward peaks in cross-entropy: the gradient of the fp32 log-probs and of the
+    # upcast logits, both (T, vocab) fp32 (traced; a head whose weight gradient
+    # outweighs them peaks a little higher, in its norm's backward).
     return _parent("head", [ln, out], extra_fwd=ce_seconds, extra_act=4 * T * cfg.vocab + 4, inp=x,
-                   largest=4 * T * cfg.vocab)
+                   d=d, backward_peak=2 * 4 * T * cfg.vocab)
 
 
 # ---------------------------------------------------------------- entry point

@@ -1,4 +1,5 @@
-"""Measured profiles: per-layer parameters, forward/backward seconds and saved activations.
+"""Measured profiles: per-layer parameters, forward/backward seconds, saved activations
+and backward workspace (`profile.workspace`).
 
 Everything is taken with module hooks on an unmodified model, so any
 `(model, example_inputs)` whose `model(*inputs)` returns the loss can be
@@ -19,6 +20,7 @@ from shardsched.errors import UsageError
 from shardsched.profile import layers as L
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
+from shardsched.profile.workspace import BackwardWorkspace, layer_workspace
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -156,17 +158,20 @@ def _storage(t: torch.Tensor) -> tuple[int, int] | None:
         return None
 
 
-def _measure_activations(model: nn.Module, inputs: tuple, hooks: _Hooks) -> tuple[dict[str, int], dict[str, int]]:
-    """Bytes of the storages saved for backward, attributed to the layer (and
-    child) running when autograd saved them, each storage once. Parameters and
-    buffers are persistent state, and the example inputs are `input_bytes`, so
-    none of them counts as an activation. Also the largest saved storage per
-    layer: backward materialises gradients of about two such tensors at once,
-    which is the layer's transient workspace (`LayerProfile.workspace_bytes`)."""
+def _measure_memory(model: nn.Module, inputs: tuple, hooks: _Hooks,
+                    children: list[str]) -> tuple[dict[str, int], tuple[dict[str, int], dict[str, int]], dict[str, int]]:
+    """One forward and backward. Activations: bytes of the storages saved for backward,
+    attributed to the layer (and child) running when autograd saved them, each storage
+    once; parameters and buffers are persistent state, and the example inputs are
+    `input_bytes`, so none of them counts; of those, what code outside every layer saved
+    (`LayerProfile.outside_bytes`). Workspace: each layer's and child's backward
+    workspace (`profile.workspace`), the backward running under its live-bytes mode.
+    Gradients are cleared before and after."""
     exclude = {_storage(t)[0] for t in [*model.parameters(), *model.buffers(), *L.tensors_in(inputs)]
                if _storage(t)}
     acts: dict[str, int] = defaultdict(int)
-    largest: dict[str, int] = defaultdict(int)
+    outside: dict[str, int] = defaultdict(int)
+    outside_largest: dict[str, int] = defaultdict(int)
     kept: list[torch.Tensor] = []  # keep saved storages alive: no address reuse while we dedupe
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -177,18 +182,30 @@ def _measure_activations(model: nn.Module, inputs: tuple, hooks: _Hooks) -> tupl
         kept.append(t)
         layer, child = hooks.current()
         acts[layer] += st[1]
-        largest[layer] = max(largest[layer], st[1])
+        if not any(n in hooks.layer_set for n, _ in hooks.stack):  # `LayerProfile.outside_bytes`
+            outside[layer] += st[1]
+            outside_largest[layer] = max(outside_largest[layer], st[1])
         if child is not None:
             acts[child] += st[1]
-            largest[child] = max(largest[child], st[1])
         return t
 
+    for p in model.parameters():
+        p.grad = None
     hooks.reset()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = _loss(model(*inputs))
-    del loss
-    kept.clear()
-    return acts, largest
+    ws = BackwardWorkspace(model, hooks.layers, children)
+    try:
+        with ws, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                loss = _loss(model(*inputs))
+            kept.clear()  # the graph holds what backward needs; activations must free as it runs
+            loss.backward()
+            del loss
+    finally:
+        workspace = ws.finish()
+        for p in model.parameters():
+            p.grad = None
+    return acts, (outside, outside_largest), workspace
 
 
 def _timed_steps(model: nn.Module, inputs: tuple, hooks: _Hooks, *, repeats: int, warmup: int):
@@ -250,7 +267,7 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
     saved_grads = {p: p.grad for p in run_model.parameters()}
     hooks = _Hooks(run_model, names, children)
     try:
-        acts, largest = _measure_activations(run_model, run_inputs, hooks)
+        acts, (outside, outside_largest), workspace = _measure_memory(run_model, run_inputs, hooks, list(hooks.parent))
         fwd, bwd = _timed_steps(run_model, run_inputs, hooks, repeats=repeats, warmup=warmup)
     finally:
         hooks.remove()
@@ -258,10 +275,14 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
             p.grad = g
 
     def lp(n: str, params: list, kids: tuple = ()) -> LayerProfile:
+        grad_bytes = sum(p.numel() * p.element_size() for p in params)
         return LayerProfile(name=n, params=sum(p.numel() for p in params), dims=L.dims(params),
                             forward_seconds=fwd.get(n, 0.0), backward_seconds=bwd.get(n, 0.0),
-                            activation_bytes=acts.get(n, 0), workspace_bytes=2 * largest.get(n, 0),
-                            input_bytes=hooks.input_bytes.get(n, 0), children=kids)
+                            activation_bytes=acts.get(n, 0),
+                            workspace_bytes=layer_workspace(workspace.get(n, 0), acts.get(n, 0), grad_bytes,
+                                                            outside_largest.get(n, 0)),
+                            input_bytes=hooks.input_bytes.get(n, 0), outside_bytes=outside.get(n, 0),
+                            children=kids)
 
     order = lambda cs: sorted(cs, key=lambda c: hooks.first_seen.get(c, len(hooks.first_seen)))  # noqa: E731
     profiles = []

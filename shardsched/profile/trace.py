@@ -36,6 +36,7 @@ from shardsched.errors import UsageError
 from shardsched.profile import layers as L
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
+from shardsched.profile.workspace import BackwardWorkspace, layer_workspace
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TAG = "shardsched_layer"
@@ -71,9 +72,12 @@ class _Stats:
         self.flops = {ph: defaultdict(lambda: defaultdict(float)) for ph in ("fwd", "bwd")}
         self.moved = {ph: defaultdict(int) for ph in ("fwd", "bwd")}
         self.acts: dict[str, int] = defaultdict(int)
-        self.largest: dict[str, int] = defaultdict(int)
+        self.workspace: dict[str, int] = defaultdict(int)  # measured, `profile.workspace`
+        self.itemsize = 4  # of the compute dtype: the bytes of a gradient element
         self.inputs: dict[str, int] = defaultdict(int)
         self.outside: dict[str, int] = defaultdict(int)  # `LayerProfile.outside_bytes`
+        self.outside_largest: dict[str, int] = defaultdict(int)  # its largest tensor
+        self.largest_saved: dict[str, int] = defaultdict(int)  # per key: folded keys become outside
 
 
 class _Tracer:
@@ -228,6 +232,8 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
     fake_inputs = _fake_inputs(inputs, dtype, mode)
     exclude = {_storage_key(t) for t in [*state.values(), *L.tensors_in(fake_inputs)]}
     tracer = _Tracer(model, names, children)
+    tracer.stats.itemsize = torch.empty((), dtype=dtype).element_size()
+    ws = BackwardWorkspace(model, names, list(tracer.parent))
     kept: list[torch.Tensor] = []  # keep saved storages alive: no StorageImpl reuse while we dedupe
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -239,16 +245,19 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
             keys = tracer.forward_key()
             for key in keys:
                 tracer.stats.acts[key] += nbytes
-                tracer.stats.largest[key] = max(tracer.stats.largest[key], nbytes)
+            st = tracer.stats
+            st.largest_saved[keys[0]] = max(st.largest_saved[keys[0]], nbytes)
             if tracer.outside():
-                tracer.stats.outside[keys[0]] += nbytes
+                st.outside[keys[0]] += nbytes
+                st.outside_largest[keys[0]] = max(st.outside_largest[keys[0]], nbytes)
         return t
 
     try:
-        with mode, _Counter(tracer), _Tagger(tracer), warnings.catch_warnings():
+        with mode, _Counter(tracer), _Tagger(tracer), ws, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 loss = loss_of(torch.func.functional_call(model, state, fake_inputs, tie_weights=True))
+            kept.clear()  # the graph holds what backward needs; activations must free as it runs
             loss.backward()
     except UsageError:
         raise
@@ -257,6 +266,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         raise UsageError(f"cannot trace the model on fake tensors ({type(e).__name__}: {msg[:200]}); "
                          f"accepted: --measure to time it on this machine instead") from None
     finally:
+        tracer.stats.workspace.update(ws.finish())
         tracer.remove()
     return tracer
 
@@ -339,13 +349,13 @@ def _expand(tracer: _Tracer, full: list[str], kids: list[str], stacks) -> None:
     targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
                   {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
-                  [d.get(src, 0) for d in (st.acts, st.largest, st.inputs, st.outside)]) for _, src in targets}
+                  [d.get(src, 0) for d in (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest)]) for _, src in targets}
     for name, src in targets:
         flops, moved, rest = snap[src]
         for ph in ("fwd", "bwd"):
             st.flops[ph][name] = defaultdict(float, flops[ph])
             st.moved[ph][name] = moved[ph]
-        for d, v in zip((st.acts, st.largest, st.inputs, st.outside), rest):
+        for d, v in zip((st.acts, st.workspace, st.inputs, st.outside, st.outside_largest), rest):
             d[name] = v
 
     def order(ran: list[str], names: list[str]) -> list[str]:
@@ -383,7 +393,9 @@ def _fold(stats: _Stats, ran: list[str], final: list[str]) -> None:
         stats.outside[target] += stats.acts.get(k, 0)
         stats.acts[target] += stats.acts.pop(k, 0)
         stats.outside.pop(k, None)
-        stats.largest[target] = max(stats.largest[target], stats.largest.pop(k, 0))
+        stats.outside_largest[target] = max(stats.outside_largest[target], stats.outside_largest.pop(k, 0),
+                                            stats.largest_saved.pop(k, 0))
+        stats.workspace[target] = max(stats.workspace[target], stats.workspace.pop(k, 0))
 
 
 def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: DeviceSpec,
@@ -394,8 +406,11 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         name=name, params=sum(p.numel() for p in params), dims=L.dims(params),
         forward_seconds=device.compute_seconds(fwd) + st.moved["fwd"].get(name, 0) / bw,
         backward_seconds=device.compute_seconds(bwd) + st.moved["bwd"].get(name, 0) / bw,
-        activation_bytes=st.acts.get(name, 0), workspace_bytes=2 * st.largest.get(name, 0),
-        input_bytes=st.inputs.get(name, 0), outside_bytes=st.outside.get(name, 0), forward_flops=fwd, backward_flops=bwd,
+        activation_bytes=st.acts.get(name, 0),
+        workspace_bytes=layer_workspace(st.workspace.get(name, 0), st.acts.get(name, 0),
+                                        sum(p.numel() for p in params) * st.itemsize, st.outside_largest.get(name, 0)),
+        input_bytes=st.inputs.get(name, 0), outside_bytes=st.outside.get(name, 0), forward_flops=fwd,
+        backward_flops=bwd,
         forward_moved_bytes=st.moved["fwd"].get(name, 0), backward_moved_bytes=st.moved["bwd"].get(name, 0),
         children=kids)
 

@@ -29,9 +29,11 @@ class LayerProfile:
     activation_bytes: int
     """Bytes the layer's forward keeps alive for its backward (saved tensors)."""
     workspace_bytes: int = 0
-    """Transient bytes while the layer computes, beyond what it retains: its
-    backward materialises gradients of its largest saved tensors (about two of
-    the largest one). 0 = unknown (the planner then assumes half its activations)."""
+    """Transient bytes of the layer's backward on top of max(its activations, its
+    gradients): the incoming gradient, activation gradients, weight gradients, less
+    what it frees as it goes; measured (`profile.workspace`, [Note: what the backward
+    workspace is]) or derived (`profile.analytic`). 0 = unknown (the planner then
+    assumes half its activations)."""
     input_bytes: int = 0
     """Bytes of the layer's forward inputs: what a checkpointed layer keeps for its
     backward instead of `activation_bytes` (it recomputes the rest). 0 = unknown."""

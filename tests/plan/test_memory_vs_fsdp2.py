@@ -4,6 +4,8 @@ One CPU process stands for a worker of a world of 8 or 64 through PyTorch's fake
 process group: FSDP2 allocates exactly what a real worker would (shards, gather
 and reduce buffers), and the collectives are no-ops.
 """
+import functools
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -30,13 +32,22 @@ CASES = [("replicate", "fp32", "adam"), ("shard_grad_op", "fp32", "adam"), ("ful
          ("full_shard", "bf16-mixed", "sgd"), ("shard_grad_op,head=replicate", "bf16-mixed", "adam")]
 
 
-def measured_and_predicted(cfg: GPTConfig, micro_batch: int, world: int, strategy: str,
-                           precision: str, optimizer: str) -> tuple[int, int]:
+@functools.lru_cache(maxsize=None)
+def profile_of(config: str, precision: str):
+    """The measured profile of a config in a precision's compute dtype, and its inputs
+    (measured once per pair: its bytes do not change between calls)."""
+    cfg, micro_batch = CONFIGS[config]
     torch.manual_seed(0)
     x = torch.randint(0, cfg.vocab, (micro_batch, cfg.seq))
     y = torch.randint(0, cfg.vocab, (micro_batch, cfg.seq))
     dtype = "bfloat16" if precision == "bf16-mixed" else "float32"
-    profile = measure_profile(GPT(cfg), (x, y), name="t", repeats=1, warmup=0, compute_dtype=dtype)
+    return measure_profile(GPT(cfg), (x, y), name="t", repeats=1, warmup=0, compute_dtype=dtype), x, y
+
+
+def measured_and_predicted(config: str, world: int, strategy: str,
+                           precision: str, optimizer: str) -> tuple[int, int]:
+    cfg = CONFIGS[config][0]
+    profile, x, y = profile_of(config, precision)
     plan = make_plan(profile, Cluster(world=world, gpus_per_node=world, device=DEVICES["cpu"]),
                      strategy=strategy, precision=precision, optimizer=optimizer, fuse=False)
     return fsdp_peak(GPT(cfg), plan, world, x, y, optimizer), plan.predicted.peak_bytes
@@ -64,10 +75,9 @@ def fsdp_peak(model, plan, world: int, x, y, optimizer: str) -> int:
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_predicted_peak_within_10_percent(config, world):
     torch.set_num_threads(1)
-    cfg, micro_batch = CONFIGS[config]
     errors = []
     for strategy, precision, optimizer in CASES:
-        measured, predicted = measured_and_predicted(cfg, micro_batch, world, strategy, precision, optimizer)
+        measured, predicted = measured_and_predicted(config, world, strategy, precision, optimizer)
         err = predicted / measured - 1
         print(f"{config:16s} world={world:3d} {strategy:52s} {precision:10s} {optimizer:4s} "
               f"measured={measured / 2**20:7.2f} MiB predicted={predicted / 2**20:7.2f} MiB error={err:+.1%}")

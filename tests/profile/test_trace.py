@@ -1,5 +1,6 @@
 """Traced profiles (fake tensors): equal to the analytic GPT profile, deterministic, and the
 repeated-block shortcut equal to a full trace."""
+import pytest
 import torch
 
 import shardsched.profile.trace as trace
@@ -7,6 +8,7 @@ from shardsched.cost.device import DEVICES
 from shardsched.models.gpt_config import GPTConfig
 from shardsched.models.spec import build_gpt
 from shardsched.profile.analytic import analytic_profile
+from shardsched.profile.measure import measure_profile
 
 CPU = DEVICES["cpu"]
 
@@ -36,3 +38,27 @@ def test_same_inputs_same_profile_and_repeated_blocks_shortcut(monkeypatch):
     assert trace.trace_profile(model, inputs, name="t", device=CPU) == short
     monkeypatch.setattr(trace, "_MIN_STACK", 100)  # trace every block
     assert trace.trace_profile(model, inputs, name="t", device=CPU) == short
+
+
+@pytest.mark.parametrize("cfg, dtype, head_exact", [
+    # activation-heavy blocks: the peak is in the MLP's first backward ops
+    (GPTConfig(layers=2, hidden=64, heads=2, vocab=256, seq=32, mlp="swiglu", norm="rmsnorm", bias=False),
+     "float32", True),
+    (GPTConfig(layers=2, hidden=64, heads=2, vocab=256, seq=32), "bfloat16", True),
+    # parameter-heavy blocks: the peak is late, every weight gradient live
+    (GPTConfig(layers=2, hidden=128, heads=2, vocab=512, seq=32), "float32", False)])
+def test_traced_workspace_equals_measured_and_analytic(cfg, dtype, head_exact):
+    """The backward workspace (`profile.workspace`): traced on fake tensors == measured on
+    real ones (to 1 KiB: small fp32 statistics) == the analytic closed form (blocks to
+    512 bytes; the head only where its cross-entropy gradients dominate)."""
+    torch.set_num_threads(1)
+    model, inputs = build_gpt(cfg, micro_batch=2, seq=32)
+    traced = trace.trace_profile(model, inputs, name="t", device=CPU, compute_dtype=dtype)
+    measured = measure_profile(model, inputs, name="t", repeats=1, warmup=0, compute_dtype=dtype)
+    analytic = analytic_profile(cfg, micro_batch=2, seq=32, device=CPU, compute_dtype=dtype)
+    for t, m, a in zip(traced.layers, measured.layers, analytic.layers, strict=True):
+        assert t.workspace_bytes > 0 and abs(t.workspace_bytes - m.workspace_bytes) <= 1024, t.name
+        if t.name != "head":
+            assert abs(t.workspace_bytes - a.workspace_bytes) <= 512, t.name
+        elif head_exact:
+            assert t.workspace_bytes == a.workspace_bytes

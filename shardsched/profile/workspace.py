@@ -1,0 +1,123 @@
+"""Backward workspace per layer, measured: the bytes a layer's backward allocates on top
+of what the memory model already counts (`LayerProfile.workspace_bytes`).
+
+[Note: what the backward workspace is]
+`sim.memory._backward` puts a unit's backward peak at max(its activations, its unsharded
+gradients) plus `workspace_bytes`, on top of everything persistent and the earlier units'
+retained activations. So each layer's backward is watched in a window and its peak taken
+above the live bytes at the window's start less the gradient flowing into it (which no
+other term counts). Activations freed while the backward runs lower the live bytes as
+they do in FSDP2, and the weight gradients it produces raise them; `above_model` then
+takes off the part of the peak that the simulator's max(activations, gradients) already
+counts, so the simulator's peak is the real one (gelu-4x128 fp32: the 1.5 MiB at a
+block's first backward op, FSDPMemTracker's figure; tests/plan/test_memory_levers.py).
+Each window runs from the module's own full backward pre-hook to its full backward hook.
+Code that runs outside every layer (a loss or a tied LM head after the last layer, folded
+into a layer's activations by the profilers, `LayerProfile.outside_bytes`) runs its
+backward outside every window: charging it to the next window in backward order (tried)
+put a tied head's loss backward, its weight-gradient accumulation and whatever the model
+returned on top of the first layer's own peak (HF GPT-2 at seq 1024: +15..23%). Its
+transient is taken as the old guess instead, two of the largest tensor it saved
+(`outside_workspace`: cross-entropy's gradients of its (T, vocab) inputs; exact there).
+A layer none of whose inputs needs a gradient (the embedding) gets its backward hook
+before its weight gradient exists, so its window stays open until backward ends.
+Live bytes are counted as PyTorch's `torch.distributed._tools.mem_tracker.MemTracker`
+does: every storage an op produces, once, released by a weakref finalizer; that works on
+real and fake tensors alike.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn as nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+
+class BackwardWorkspace(TorchDispatchMode):
+    """Enter it around forward and backward; `workspace[name]` then holds each hooked
+    module's backward workspace in bytes ([Note: what the backward workspace is])."""
+
+    def __init__(self, model: nn.Module, layers: list[str], children: list[str]):
+        super().__init__()
+        self.live = 0
+        self._seen = WeakIdKeyDictionary()
+        self._open: dict[str, list[int]] = {}  # name -> [base, peak]
+        self.workspace: dict[str, int] = {}
+        self.handles = []
+        for name in [*(n for n in layers if n), *children]:
+            self._attach(model.get_submodule(name), name)
+
+    def _track(self, t) -> None:
+        if not isinstance(t, torch.Tensor):
+            return
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        if st in self._seen:
+            return
+        nbytes = st.nbytes()
+        self._seen[st] = nbytes
+        self.live += nbytes
+        weakref.finalize(st, self._free, nbytes)
+
+    def _free(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            self._track(t)
+        for window in self._open.values():
+            window[1] = max(window[1], self.live)
+        return out
+
+    def _incoming(self, grads) -> int:
+        """Bytes of the distinct tracked storages among `grads`."""
+        sts = {id(st): st for g in grads if isinstance(g, torch.Tensor)
+               for st in [g.untyped_storage()] if st in self._seen}
+        return sum(self._seen[st] for st in sts.values())
+
+    def _attach(self, module: nn.Module, name: str) -> None:
+        def bwd_pre(m, grad_output):
+            self._open[name] = [self.live - self._incoming(grad_output), self.live]
+
+        def bwd_post(m, grad_input, grad_output):
+            if name in self._open and not all(g is None for g in grad_input):
+                self._close(name)
+
+        self.handles += [module.register_full_backward_pre_hook(bwd_pre),
+                         module.register_full_backward_hook(bwd_post)]
+
+    def _close(self, name: str) -> None:
+        base, peak = self._open.pop(name)
+        self.workspace[name] = max(self.workspace.get(name, 0), peak - base)
+
+    def finish(self) -> dict[str, int]:
+        """Close the windows still open (layers without input gradients); remove the hooks."""
+        for name in list(self._open):
+            self._close(name)
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        return self.workspace
+
+
+def above_model(measured: int, activation_bytes: int, grad_bytes: int) -> int:
+    """`LayerProfile.workspace_bytes` from a measured backward workspace: the simulator's
+    backward high-water mark is max(the layer's activations, its unsharded gradients)
+    plus the workspace (`sim.memory._backward`, at the start and at the end of the
+    backward), while the measured peak rises above its activations by `measured`,
+    gradients included. So where the gradients outweigh the activations, the excess
+    is already counted and comes off ([Note: what the backward workspace is])."""
+    return max(0, measured - max(0, grad_bytes - activation_bytes))
+
+
+def layer_workspace(measured: int, activation_bytes: int, grad_bytes: int, outside_largest: int) -> int:
+    """A layer's `workspace_bytes`: its measured window above the model, or the backward of
+    the code outside it folded into it (two of the largest tensor that code saved), whichever
+    is larger ([Note: what the backward workspace is])."""
+    return max(above_model(measured, activation_bytes, grad_bytes), 2 * outside_largest)
