@@ -85,19 +85,23 @@ def kept_when_checkpointed(layer: LayerProfile) -> int:
 # `parallelize` checkpoints each layer of a unit on its own (composable `checkpoint`
 # per module), not the unit as one block. So in forward a checkpointed unit's layers
 # keep their inputs, and in backward they are recomputed one at a time, last first:
-# when layer k is recomputed, the layers after it are done (freed) and the layers
-# before it still hold their inputs. Counting the whole unit's activations at once
-# over-counts by all but one layer (GPT, 4 blocks at seq 1024 in 2 units: +38% at the
-# peak, measured with FSDPMemTracker; bench/bench_long_seq_memory.py).
+# when layer k is recomputed, the layers after it are done and the layers before it
+# still hold their inputs. FSDP2 (torch 2.13) runs a fused unit's post-backward at each
+# of its modules, so the layers after k have already reduced their gradients; the last
+# ReduceScatter input (layer k+1's) is the one retained (FSDPMemTracker: "Sharded Grad"
+# grows module by module, "Reduce Scatter" holds one module's gradients). That
+# post-backward also reshards the unit, so every module after the first (in backward)
+# gathers the whole unit again, shard_grad_op included: its copy-out holds the AllGather
+# output and the unsharded parameters next to that ReduceScatter input and the
+# activations of layers 0..k (`UnitCost.backward_regather`; swiglu-3x256, one unit of 5
+# layers, shard_grad_op+ckpt: 10.5% under without it). Counting the
+# whole unit's activations at once over-counted by all but one layer (GPT, 4 blocks at
+# seq 1024 in 2 units: +38% at the peak; bench/bench_long_seq_memory.py).
 
-def checkpointed_backward_bytes(layers: list[LayerProfile]) -> int:
-    """max over k of (kept by layers before k + activations of k + workspace of k)."""
-    best, before = 0, 0
-    for layer in layers:
-        ws = layer.workspace_bytes or layer.activation_bytes // 2
-        best = max(best, before + layer.activation_bytes + ws)
-        before += kept_when_checkpointed(layer)
-    return best
+def layer_bytes(layers: list[LayerProfile]) -> tuple[tuple[int, int, int, int], ...]:
+    """(kept when checkpointed, activations, workspace, parameters) per layer."""
+    return tuple((kept_when_checkpointed(layer), layer.activation_bytes,
+                  layer.workspace_bytes or layer.activation_bytes // 2, layer.params) for layer in layers)
 
 
 def unit_cost(layers: list[LayerProfile]) -> UnitCost:
@@ -114,7 +118,7 @@ def unit_cost(layers: list[LayerProfile]) -> UnitCost:
                     checkpointed_lead_bytes=sum(map(kept_when_checkpointed, layers[:-1])) + last_input,
                     workspace_bytes=workspace_bytes(layers),
                     input_bytes=sum(map(kept_when_checkpointed, layers)),
-                    checkpointed_backward_bytes=checkpointed_backward_bytes(layers))
+                    layer_bytes=layer_bytes(layers))
 
 
 def group_layers(profile: Profile, strategies: list, *, block_params: int) -> list[list[int]]:

@@ -192,7 +192,8 @@ def _measure_memory(model: nn.Module, inputs: tuple, hooks: _Hooks,
     for p in model.parameters():
         p.grad = None
     hooks.reset()
-    ws = BackwardWorkspace(model, hooks.layers, children)
+    ws = BackwardWorkspace(model, hooks.layers, children,
+                           persistent=[*model.parameters(), *model.buffers(), *L.tensors_in(inputs)])
     try:
         with ws, warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Full backward hook is firing")

@@ -233,7 +233,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
     exclude = {_storage_key(t) for t in [*state.values(), *L.tensors_in(fake_inputs)]}
     tracer = _Tracer(model, names, children)
     tracer.stats.itemsize = torch.empty((), dtype=dtype).element_size()
-    ws = BackwardWorkspace(model, names, list(tracer.parent))
+    ws = BackwardWorkspace(model, names, list(tracer.parent), persistent=[*state.values(), *L.tensors_in(fake_inputs)])
     kept: list[torch.Tensor] = []  # keep saved storages alive: no StorageImpl reuse while we dedupe
 
     def pack(t: torch.Tensor) -> torch.Tensor:

@@ -40,10 +40,14 @@ class BackwardWorkspace(TorchDispatchMode):
     """Enter it around forward and backward; `workspace[name]` then holds each hooked
     module's backward workspace in bytes ([Note: what the backward workspace is])."""
 
-    def __init__(self, model: nn.Module, layers: list[str], children: list[str]):
+    def __init__(self, model: nn.Module, layers: list[str], children: list[str], *, persistent=()):
         super().__init__()
         self.live = 0
         self._seen = WeakIdKeyDictionary()
+        # Parameters, buffers and inputs are not allocations of the step: ops return views
+        # of them (a weight's transpose), whose storage must not count when first seen.
+        for t in persistent:
+            self._seen[t.untyped_storage()] = 0
         self._open: dict[str, list[int]] = {}  # name -> [base, peak]
         self.workspace: dict[str, int] = {}
         self.handles = []

@@ -25,8 +25,11 @@ from shardsched.core.types import Plan, Precision, Strategy
 
 
 def runs_on_ddp(plan: Plan) -> bool:
-    """True when `plan` is run by DDP (every unit replicate, fp32); see the module note."""
-    return plan.precision is Precision.FP32 and all(u.strategy is Strategy.REPLICATE for u in plan.units)
+    """True when `plan` is run by DDP (every unit replicate, fp32, none checkpointed); see
+    the module note. A checkpointed plan stays on FSDP2, whose memory with recomputation
+    is the one modelled and measured (`sim.memory`)."""
+    return (plan.precision is Precision.FP32 and all(u.strategy is Strategy.REPLICATE for u in plan.units)
+            and not any(u.checkpoint for u in plan.units))
 
 
 def replicate_with_ddp(model: nn.Module, *, mesh: DeviceMesh) -> nn.Module:

@@ -99,11 +99,22 @@ def unit_kwargs(strategy: Strategy, mesh: DeviceMesh, meshes: dict, gpus_per_nod
     return dict(mesh=mesh, reshard_after_forward=strategy is Strategy.FULL_SHARD)
 
 
+def checkpoint_layers(model: nn.Module, plan: Plan) -> None:
+    """Activation checkpointing on every layer of a checkpointed unit, each layer on its
+    own ([Note: checkpointed units, layer by layer] in `plan.units`), whichever engine
+    then runs the plan (FSDP2 or DDP)."""
+    for unit in plan.units:
+        if unit.checkpoint:
+            for name in unit.layers:
+                checkpoint(model.get_submodule(name))
+
+
 def parallelize(model: nn.Module, plan: Plan, *, mesh: DeviceMesh, ddp: bool = True) -> nn.Module:
     """Shard `model` in place as `plan` says; returns it (an FSDPModule, or a
     DDP-replicated module when every unit is replicate and `ddp`: see runtime/ddp.py;
     ddp=False keeps such a plan on FSDP2, e.g. to measure FSDP2 itself)."""
     check_plan(model, plan, mesh.size())
+    checkpoint_layers(model, plan)
     if ddp and runs_on_ddp(plan):  # DDP's engine for plain data parallelism: see runtime/ddp.py
         return replicate_with_ddp(model, mesh=mesh)
     check_nodes(plan, mesh.size())
@@ -115,9 +126,6 @@ def parallelize(model: nn.Module, plan: Plan, *, mesh: DeviceMesh, ddp: bool = T
         if unit is root:
             continue  # `fully_shard(model)` below (plan/units.py, [Note: the root unit])
         modules = [model.get_submodule(name) for name in unit.layers]
-        if unit.checkpoint:
-            for m in modules:
-                checkpoint(m)
         fully_shard(modules if len(modules) > 1 else modules[0], mp_policy=mp,
                     **unit_kwargs(unit.strategy, mesh, meshes, plan.gpus_per_node))
         heads[unit.name] = modules[0]  # grouped units share one state, reached via the first

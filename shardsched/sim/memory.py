@@ -155,11 +155,12 @@ class _Live:
         """Retained activations of units 0..upto."""
         return sum(self.retained[: upto + 1])
 
-    def backward_start(self, i: int) -> int:
-        """Activations and workspace live as unit i's backward starts: earlier units'
-        retained, its own in full with its workspace (checkpointed: recomputed layer by
-        layer, `Scenario.backward_bytes`)."""
-        return self.activations(i - 1) + self.sc.backward_bytes(i)
+    def backward_own(self, i: int) -> tuple[int, int]:
+        """Activations (and workspace) live in unit i's backward: earlier units' retained and
+        its own as it starts, next to the previous unit's ReduceScatter input, and later
+        (a checkpointed unit's layers recomputed one by one: `Scenario.backward_bytes`)."""
+        start, later = self.sc.backward_bytes(i)
+        return self.activations(i - 1) + start, (self.activations(i - 1) + later if later else 0)
 
 
 def step_memory(sc: Scenario) -> list[StepMemory]:
@@ -208,12 +209,21 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
     # Backward frees the unit's activations as it produces its gradients: at the
     # start all activations are live, at the end all gradients; the workspace
     # (gradients of the largest activations) is live throughout.
-    moments = [_mb(live, unsharded=live.unsharded_live(s), grads=grads,
-                   act=live.backward_start(i), comm=held_rs + pending),
+    start, later = live.backward_own(i)
+    moments = [_mb(live, unsharded=live.unsharded_live(s), grads=grads, act=start, comm=held_rs + pending),
                _mb(live, unsharded=live.unsharded_live(s), grads=grads + live.ugrad[i],
                    act=live.activations(i - 1) + sc.units[i].workspace_bytes, comm=held_rs + pending),
                _mb(live, unsharded=live.unsharded_live(s, exclude=i), grads=grads + live.ugrad[i],
                    act=live.activations(i - 1), comm=live.rsbuf[i] + pending)]
+    # Inside a unit of several modules, the modules done have reduced their gradients
+    # already: counted as the whole unit's shards ([Note: checkpointed units, layer by layer]).
+    own_sharded = live.shard[i] * sc.state.grad
+    if later:  # a checkpointed unit's earlier layers: its own last ReduceScatter input held instead
+        moments.append(_mb(live, unsharded=live.unsharded_live(s), grads=grads + own_sharded, act=later, comm=pending))
+    regather = 0 if live.ddp else sc.regather_bytes(i)
+    if regather:  # a later module's copy-out
+        moments.append(_mb(live, unsharded=live.unsharded_live(s), grads=grads + own_sharded,
+                           act=live.activations(i - 1) + regather, comm=live.agbuf[i] + pending))
     if sc.strategies[i].gathers_for_backward:  # copy-out of its backward AllGather
         moments.append(_mb(live, unsharded=live.unsharded_live(s) + live.held[i], grads=grads,
                            act=live.activations(i),  # before any recomputation

@@ -42,11 +42,37 @@ class UnitCost:
     code outside them saved (`LayerProfile.outside_bytes`: not recomputed)."""
     checkpointed_lead_bytes: int = 0
     """`lead_activation_bytes` when checkpointed: its other layers keep only their inputs."""
-    checkpointed_backward_bytes: int = 0
-    """Activations and workspace of its own at its backward when checkpointed: its layers
-    are recomputed one at a time (PyTorch checkpoints each layer), so the largest over
-    its layers k of (inputs kept by the layers before k + k's activations + k's workspace)
-    ([Note: checkpointed units, layer by layer] in `plan.units`)."""
+    layer_bytes: tuple[tuple[int, int, int, int], ...] = ()
+    """Per layer, in forward order: (bytes kept when checkpointed, activations, workspace,
+    parameters), for the moments inside its backward ([Note: checkpointed units, layer
+    by layer] in `plan.units`)."""
+
+    def checkpointed_backward(self, reduce_bytes: float) -> tuple[int, int]:
+        """Its own bytes at the peak of its backward when checkpointed, as (at its last
+        layer, the most at its other layers): layer k is recomputed while the layers
+        before it keep their inputs; FSDP2 reduces each module's gradients as its backward
+        ends, keeping the last ReduceScatter input (`reduce_bytes` per parameter of layer
+        k+1) while layer k runs. At its last layer that input is the previous unit's (the
+        simulator's)."""
+        layers, before, last, inner = self.layer_bytes, 0, 0, 0
+        for k, (kept, act, ws, _) in enumerate(layers):
+            if k + 1 < len(layers):
+                inner = max(inner, int(before + act + ws + layers[k + 1][3] * reduce_bytes))
+            else:
+                last = before + act + ws
+            before += kept
+        return last, inner
+
+    def backward_regather(self, reduce_bytes: float, *, checkpointed: bool) -> int:
+        """Its own bytes at the copy-out of a later module's AllGather in its backward:
+        the most over k < last of the activations of layers 0..k (their kept bytes when
+        checkpointed: k not yet recomputed) and layer k+1's ReduceScatter input."""
+        best, acts = 0, 0
+        for k in range(len(self.layer_bytes) - 1):
+            kept, act, _, _ = self.layer_bytes[k]
+            acts += kept if checkpointed else act
+            best = max(best, int(acts + self.layer_bytes[k + 1][3] * reduce_bytes))
+        return best
 
     def shard_numel(self, n: int) -> int:
         """Elements per worker sharded n ways (dim 0 of each parameter padded)."""
@@ -76,9 +102,11 @@ class Scenario:
 
     @property
     def on_ddp(self) -> bool:
-        """Every unit replicate in fp32 (compute copy = the fp32 master): the plan runs on
-        DDP, not FSDP2 (`runtime.ddp.runs_on_ddp`), whose memory differs (`sim.memory`)."""
-        return all(s is Strategy.REPLICATE for s in self.strategies) and self.state.unsharded_param == self.state.param
+        """Every unit replicate in fp32 (compute copy = the fp32 master), none checkpointed:
+        the plan runs on DDP, not FSDP2 (`runtime.ddp.runs_on_ddp`), whose memory differs
+        (`sim.memory`)."""
+        return (all(s is Strategy.REPLICATE for s in self.strategies) and self.state.unsharded_param == self.state.param
+                and not any(self.checkpoint))
 
     def ckpt(self, i: int) -> bool:
         return bool(self.checkpoint) and self.checkpoint[i]
@@ -93,11 +121,19 @@ class Scenario:
         u = self.units[i]
         return u.checkpointed_lead_bytes if self.ckpt(i) else u.lead_activation_bytes
 
-    def backward_bytes(self, i: int) -> int:
-        """Activations and workspace of unit i's own at the start of its backward: all its
-        activations and its workspace, or, checkpointed, its layers recomputed one by one."""
+    def backward_bytes(self, i: int) -> tuple[int, int]:
+        """Activations and workspace of unit i's own as its backward starts, next to the
+        previous unit's ReduceScatter input, and later in its backward (0: none larger):
+        all its activations and its workspace, or, checkpointed, its layers recomputed
+        one by one (`UnitCost.checkpointed_backward`)."""
         u = self.units[i]
-        return u.checkpointed_backward_bytes if self.ckpt(i) else u.activation_bytes + u.workspace_bytes
+        if not self.ckpt(i):
+            return u.activation_bytes + u.workspace_bytes, 0
+        return u.checkpointed_backward(self.state.reduce)
+
+    def regather_bytes(self, i: int) -> int:
+        """Unit i's own bytes when a later module gathers again in its backward (0: one module)."""
+        return self.units[i].backward_regather(self.state.reduce, checkpointed=self.ckpt(i))
 
     def backward_seconds(self, i: int) -> float:
         """A checkpointed unit recomputes its forward inside its backward."""

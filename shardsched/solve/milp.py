@@ -35,7 +35,7 @@ states, reduced gradients, bytes held between forward and backward: the unsharde
 copy, hpZ's node-sized slice or nothing; retained activations A[i] = A[i-1] + act[i]
 - ck[i] (act[i] - input[i])) are auxiliary variables so rows stay short. A
 checkpointed unit's backward-start row counts its layers recomputed one at a time
-(`UnitCost.checkpointed_backward_bytes`, a ck[i] term), its forward row for the start
+(`UnitCost.checkpointed_backward`, ck[i] terms), its forward row for the start
 of its last module the other layers' kept inputs (`checkpointed_lead_bytes`); its
 backward copy-out row (gated by big-M on the gathering strategies' z) only its inputs
 and, for full_shard_node, its slice.
@@ -156,8 +156,12 @@ class Costs(NamedTuple):
     inp: list[int]
     """Activations a checkpointed unit retains (its layers' inputs)."""
     ws: list[int]
-    ckbwd: list[int]
-    """A checkpointed unit's own activations and workspace at its backward (`UnitCost.checkpointed_backward_bytes`)."""
+    ckbwd: list[tuple[int, int]]
+    """A checkpointed unit's own bytes in its backward, at its last layer and the most at
+    the others' (`UnitCost.checkpointed_backward`)."""
+    regather: list[tuple[int, int]]
+    """A unit's own bytes when a later module gathers again in its backward, plain and
+    checkpointed (`UnitCost.backward_regather`)."""
     lead: list[int]
     cklead: list[int]
     """Activations live when a unit's last module starts, plain and checkpointed."""
@@ -190,7 +194,10 @@ def costs_of(p: Problem) -> Costs:
                  rsbuf=[c.padded_numel(cl.world) * sb.reduce for c in p.costs],
                  unsh_by=unsh_by, rs_by=rs_by, root_grad=root_grad_bytes(sc),
                  act=[c.activation_bytes for c in p.costs], inp=[c.input_bytes for c in p.costs],
-                 ws=[c.workspace_bytes for c in p.costs], ckbwd=[c.checkpointed_backward_bytes for c in p.costs],
+                 ws=[c.workspace_bytes for c in p.costs],
+                 ckbwd=[c.checkpointed_backward(sb.reduce) for c in p.costs],
+                 regather=[(c.backward_regather(sb.reduce, checkpointed=False),
+                            c.backward_regather(sb.reduce, checkpointed=True)) for c in p.costs],
                  lead=[c.lead_activation_bytes for c in p.costs], cklead=[c.checkpointed_lead_bytes for c in p.costs],
                  state=sb, input_bytes=sc.input_bytes, opt_factor=sc.optimizer_workspace_factor,
                  opt_per_param=optimizer_seconds_per_param(sb, cl))
@@ -442,8 +449,18 @@ class _Build:
         (a0, k0), (a1, k1) = self.A[i], self.A[i + 1]
         pend = _add(_add(live, a0), self._pending(s, inclusive=True))
         inp = c.input_bytes + (c.root_grad if holds_root_grad(i, n) else 0)  # `sim.memory.root_grad_bytes`
-        start = _add(_add(_add(pend, u), held_rs), self._ck_term(i, c.ckbwd[i] - c.act[i] - c.ws[i]))
+        last, later = c.ckbwd[i]
+        start = _add(_add(_add(pend, u), held_rs), self._ck_term(i, last - c.act[i] - c.ws[i]))
         self._mem(s, start, k0 + (c.act[i] + c.ws[i] + inp) * g, cap)
+        own_sharded = {self.G[i]: 1.0, self.G[i + 1]: -1.0}  # its modules done reduced theirs
+        if later and self.ck[i] is not None:  # its earlier layers recomputed (uncheckpointed: below the row above)
+            self._mem(s, _add(_add(_add(pend, u), own_sharded), self._ck_term(i, later)), k0 + inp * g, cap)
+        plain, ckpt = c.regather[i]
+        if plain or ckpt:  # a later module's copy-out: its AllGather output beside the unsharded copy
+            unit = self.p.costs[i]
+            ag = self.zexpr(i, {k: forward_gathers(unit, k) * c.unsh_by[i][k] * g for k in self.z[i]})
+            terms = _add(_add(_add(_add(pend, u), ag), own_sharded), self._ck_term(i, ckpt - plain))
+            self._mem(s, terms, k0 + (plain + inp) * g, cap)
         self._mem(s, _add(_add(pend, u), held_rs), k0 + (c.ugrad[i] + c.ws[i] + inp) * g, cap)
         self._mem(s, _add(pend, self.zexpr(i, {k: c.rs_by[i][k] * g for k in self.z[i]})),
                   k0 + (c.ugrad[i] + inp) * g, cap)

@@ -2,12 +2,10 @@
 plain and wrapped one level deep, run on FSDP2 at worlds 8 and 64, and the predicted peak
 against FSDPMemTracker's. The profile is traced on fake tensors (profile/trace.py). The goal
 is 5% and the test asserts it (measured, with the backward workspace measured on the fake
-trace (`profile.workspace`): every case within -2.6..+3.7%. Under: T5 and GPT-2 full_shard,
--2.1..-2.6%: at the measured peak, 50-60 KiB more activations are live than the traced
-profile's saved tensors; not located further. Over: Llama plans of one unit +2.1..+2.8%, T5
-replicate +3.7%; not located either: a unit of several layers adds its largest layer's
-workspace to all its activations (`plan.units.workspace_bytes`), though by that layer's
-backward the later layers' activations are freed, which would over-count about this much).
+trace (`profile.workspace`) and fused units modelled module by module (docs/design.md, "Fused
+units"): every case within -2.6..+0.0%. The largest misses are T5 and GPT-2 full_shard,
+-1.9..-2.6%: at the measured peak, 50-60 KiB more activations are live than the traced
+profile's saved tensors; not located further).
 
 Run with -s for the table (model, wrapping, world, strategy, units, measured, predicted, error).
 """

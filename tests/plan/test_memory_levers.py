@@ -57,3 +57,22 @@ def test_levers_predicted_within_3_percent(config, world):
         errors.append((lever, precision, round(delta_err, 4), round(p / m - 1, 4)))
     bad = [e for e in errors if abs(e[2]) > 0.03 or abs(e[3]) > 0.03]
     assert not bad, f"prediction off: {bad}"
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_fused_checkpointed_units_within_3_percent(config):
+    """Units of several layers, checkpointed: PyTorch checkpoints each layer, so the unit's
+    layers are recomputed one at a time, with the later layers' gradients held
+    ([Note: checkpointed units, layer by layer] in `plan.units`). The other tests plan one
+    layer per unit; here the planner fuses (its default), so units hold 2-6 layers."""
+    torch.set_num_threads(1)
+    cfg = CONFIGS[config][0]
+    profile, x, y = profile_of(config, "fp32")
+    cluster = Cluster(world=16, gpus_per_node=GPUS_PER_NODE, device=DEVICES["cpu"])
+    for strategy in ("full_shard+ckpt", "shard_grad_op+ckpt", "hybrid_shard+ckpt"):
+        plan = make_plan(profile, cluster, strategy=strategy, precision="fp32", optimizer="adam")
+        assert max(len(u.layers) for u in plan.units) > 1, [u.layers for u in plan.units]
+        m, p = fsdp_peak(GPT(cfg), plan, 16, x, y, "adam"), plan.predicted.peak_bytes
+        print(f"{config:16s} {strategy:20s} units={[len(u.layers) for u in plan.units]} "
+              f"measured={m / 2**20:7.2f} MiB predicted={p / 2**20:7.2f} MiB error={p / m - 1:+.1%}")
+        assert abs(p / m - 1) <= 0.03, (strategy, m, p)
