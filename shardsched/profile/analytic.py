@@ -23,7 +23,7 @@ from shardsched.errors import UsageError
 from shardsched.profile.fingerprint import fingerprint_of_shapes
 from shardsched.models.spec import config_dict
 from shardsched.profile.types import LayerProfile, Profile
-from shardsched.profile.workspace import above_model
+from shardsched.profile.workspace_terms import above_model
 from shardsched.models.gpt_config import GPTConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -20,7 +20,8 @@ from shardsched.errors import UsageError
 from shardsched.profile import layers as L
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
-from shardsched.profile.workspace import BackwardWorkspace, layer_workspace
+from shardsched.profile.workspace import BackwardWorkspace
+from shardsched.profile.workspace_terms import layer_workspace
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

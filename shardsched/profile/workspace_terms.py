@@ -1,0 +1,21 @@
+"""How a measured backward peak becomes `LayerProfile.workspace_bytes` ([Note: what the
+backward workspace is] in `profile/workspace.py`). Kept apart from the measuring mode so
+the analytic profile, and with it `shardsched plan` on a preset, never imports torch."""
+from __future__ import annotations
+
+
+def above_model(measured: int, activation_bytes: int, grad_bytes: int) -> int:
+    """`LayerProfile.workspace_bytes` from a measured backward workspace: the simulator's
+    backward high-water mark is max(the layer's activations, its unsharded gradients)
+    plus the workspace (`sim.memory._backward`, at the start and at the end of the
+    backward), while the measured peak rises above its activations by `measured`,
+    gradients included. So where the gradients outweigh the activations, the excess
+    is already counted and comes off ([Note: what the backward workspace is])."""
+    return max(0, measured - max(0, grad_bytes - activation_bytes))
+
+
+def layer_workspace(measured: int, activation_bytes: int, grad_bytes: int, outside_largest: int) -> int:
+    """A layer's `workspace_bytes`: its measured window above the model, or the backward of
+    the code outside it folded into it (two of the largest tensor that code saved), whichever
+    is larger ([Note: what the backward workspace is])."""
+    return max(above_model(measured, activation_bytes, grad_bytes), 2 * outside_largest)
