@@ -37,7 +37,6 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 
 
-
 class BackwardWorkspace(TorchDispatchMode):
     """Enter it around forward and backward; `workspace[name]` then holds each hooked
     module's backward workspace in bytes ([Note: what the backward workspace is])."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 
 from shardsched.cost.device import Cluster
-from shardsched.cost.memory import state_bytes
 from shardsched.plan.schedule import make_scenario, units_with_schedule
 from shardsched.plan.spec import parse_strategy_spec
 from shardsched.core.types import Optimizer, Plan, Precision, SolverInfo, Strategy
