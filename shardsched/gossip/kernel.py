@@ -20,9 +20,19 @@ import numpy as np
 
 
 # [Note: dtypes in the kernel] Scalars that meet the arrays (lr, 1/group, 1/n, the
-# accumulators' zero) are passed in the arrays' dtype: a Python float or int would
-# promote float32 arithmetic to float64 and halve the SIMD width. Blocks are copied
+# accumulators' zero) are made in the arrays' dtype (`_scalar`): a Python float or int
+# would promote float32 arithmetic to float64 and halve the SIMD width. Numba types
+# `float32 * 0 + 1` as float64 (numpy's scalar rules: float32 with int64 gives float64),
+# which is how an earlier version summed every row's squares in float64, converting each
+# term: 0.99 ns per element-step on one thread at n = 1024, 0.59 ns once the zero was a
+# float32 (bench/bench_gossip.py's scale run, docs/design.md "Gossip"). Blocks are copied
 # into C-contiguous arrays so numba knows the layout and vectorises the inner loops.
+
+
+@numba.njit(cache=True)
+def _scalar(value, like):
+    """`value` in the dtype of the array `like` (see the note above)."""
+    return np.full(1, value, dtype=like.dtype)[0]
 
 @numba.njit(cache=True, fastmath=True)
 def _consensus(z, mean, zero, cons):
@@ -102,8 +112,7 @@ def _run_block(z, c, h, best, lrs, group, idx, coef, cons, err):
     y = np.empty_like(z)
     gm = np.empty(width, dtype=z.dtype)
     mean = np.empty(width, dtype=z.dtype)
-    one = lrs[0] * 0 + 1
-    inv_group, inv_n, zero = one / group, one / n, one - one
+    inv_group, inv_n, zero = _scalar(1 / group, z), _scalar(1 / n, z), _scalar(0, z)
     steps = lrs.shape[0]
     for t in range(steps):
         if group > 1:
@@ -120,16 +129,22 @@ def _run_block(z, c, h, best, lrs, group, idx, coef, cons, err):
 
 
 @numba.njit(cache=True, parallel=True)
-def run_blocks(z, c, h, best, lrs, group, idx, coef, starts, ends, segment, cons, err):
-    """Run every step on every block [starts[b], ends[b]) of segment[b], in place on z (n, P).
+def run_blocks(z0, c, h, best, lrs, group, idx, coef, starts, ends, segment, cons, err, out):
+    """Run every step on every block [starts[b], ends[b]) of segment[b], every worker starting at z0 (P,);
+    the final models go to out (n, P), unless out has no columns (the caller does not keep them).
 
     Threads take interleaved blocks; each adds into its own slice of cons/err
-    (threads, steps, n), which the caller sums."""
+    (threads, steps, n), which the caller sums. [Note: no (n, P) initial state] Every
+    worker starts at the same z0, so a block is filled from z0 instead of being read from
+    an (n, P) copy: at n = 1024, P = 2^20 writing that copy cost 4 s (4 GiB, first touch)."""
     threads = cons.shape[0]
+    n = c.shape[0]
     for tid in numba.prange(threads):
         for b in range(tid, starts.shape[0], threads):
             a, e, s = starts[b], ends[b], segment[b]
-            zb = np.ascontiguousarray(z[:, a:e])
+            zb = np.empty((n, e - a), dtype=c.dtype)
+            zb[:] = z0[a:e]
             _run_block(zb, np.ascontiguousarray(c[:, a:e]), h[a:e].copy(), best[a:e].copy(), lrs, group,
                        idx[s], coef[s], cons[tid], err[tid])
-            z[:, a:e] = zb
+            if out.shape[1]:
+                out[:, a:e] = zb

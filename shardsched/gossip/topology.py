@@ -122,10 +122,12 @@ def crossover_matrix(world: int, groups: int, *, seed: int, step: int, segment: 
         root_mix[i, j] += 0.5
     if groups == 1:
         root_mix = np.ones((1, 1))
-    # rank-level: every member of group g takes root g's mixed value, a mean over the group's (equal) replicas.
-    expand = np.kron(np.eye(groups), np.ones((size, 1)))        # world x groups
-    collapse = np.kron(np.eye(groups), np.ones((1, size)) / size)  # groups x world
-    return expand @ root_mix @ collapse
+    if size == 1:
+        return root_mix
+    # rank-level: every member of group g takes root g's mixed value, a mean over the group's (equal) replicas:
+    # expand (world x groups, ones) @ root_mix @ collapse (groups x world, 1/size), whose entries have one
+    # non-zero term each, i.e. kron(root_mix, 1/size), without two world x world products.
+    return np.kron(root_mix, np.full((size, size), 1.0 / size))
 
 
 def allreduce_matrix(world: int) -> np.ndarray:
