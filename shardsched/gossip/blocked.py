@@ -166,8 +166,12 @@ def run_blocked(problem, cfg: GossipConfig, *, steps: int, lrs: Sequence[float],
     err = np.zeros((threads, steps, n))
     target = best if best is not None else torch.zeros(dim, dtype=dtype)
     starts, ends, segment = block_layout(bounds, n=n, itemsize=z.element_size(), segmented=lin.idx.shape[0] > 1)
-    run_blocks(problem.initial().numpy(), problem.c.numpy(), problem.h.numpy(), target.numpy(),
-               np.asarray(lrs, dtype=lin.coef.dtype), lin.group, lin.idx, lin.coef, starts, ends, segment,
-               cons, err, z.numpy())
+    chunk = numba.set_parallel_chunksize(1)  # one block at a time (kernel.run_blocks' notes)
+    try:
+        run_blocks(problem.initial().numpy(), problem.c.numpy(), problem.h.numpy(), target.numpy(),
+                   np.asarray(lrs, dtype=lin.coef.dtype), lin.group, lin.idx, lin.coef, starts, ends, segment,
+                   cons, err, z.numpy())
+    finally:
+        numba.set_parallel_chunksize(chunk)
     return BlockedRun(z=z, cons_sq=cons.sum(axis=0), err_sq=err.sum(axis=0),
                       steps=lin._replace(weight=lin.weight.clone()))  # the cached probe stays as it was

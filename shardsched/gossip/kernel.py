@@ -133,18 +133,19 @@ def run_blocks(z0, c, h, best, lrs, group, idx, coef, starts, ends, segment, con
     """Run every step on every block [starts[b], ends[b]) of segment[b], every worker starting at z0 (P,);
     the final models go to out (n, P), unless out has no columns (the caller does not keep them).
 
-    Threads take interleaved blocks; each adds into its own slice of cons/err
-    (threads, steps, n), which the caller sums. [Note: no (n, P) initial state] Every
-    worker starts at the same z0, so a block is filled from z0 instead of being read from
-    an (n, P) copy: at n = 1024, P = 2^20 writing that copy cost 4 s (4 GiB, first touch)."""
-    threads = cons.shape[0]
+    Each thread adds into its own slice cons[thread]/err[thread] (threads, steps, n), which the
+    caller sums. [Note: no (n, P) initial state] Every worker starts at the same z0, so a block is
+    filled from z0 instead of being read from an (n, P) copy: at n = 1024, P = 2^20 writing that
+    copy cost 4 s (4 GiB, first touch). [Note: blocks are handed out one at a time] The caller sets
+    numba's parallel chunk size to 1, so a thread takes the next block when it is done: on a shared
+    machine a thread whose core is busy does fewer blocks instead of holding up the others."""
     n = c.shape[0]
-    for tid in numba.prange(threads):
-        for b in range(tid, starts.shape[0], threads):
-            a, e, s = starts[b], ends[b], segment[b]
-            zb = np.empty((n, e - a), dtype=c.dtype)
-            zb[:] = z0[a:e]
-            _run_block(zb, np.ascontiguousarray(c[:, a:e]), h[a:e].copy(), best[a:e].copy(), lrs, group,
-                       idx[s], coef[s], cons[tid], err[tid])
-            if out.shape[1]:
-                out[:, a:e] = zb
+    for b in numba.prange(starts.shape[0]):
+        tid = numba.get_thread_id()
+        a, e, s = starts[b], ends[b], segment[b]
+        zb = np.empty((n, e - a), dtype=c.dtype)
+        zb[:] = z0[a:e]
+        _run_block(zb, np.ascontiguousarray(c[:, a:e]), h[a:e].copy(), best[a:e].copy(), lrs, group,
+                   idx[s], coef[s], cons[tid], err[tid])
+        if out.shape[1]:
+            out[:, a:e] = zb

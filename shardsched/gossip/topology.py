@@ -17,6 +17,7 @@ Everything here is a pure function of (rank, world, step[, seed]), so every rank
 """
 from __future__ import annotations
 
+import functools
 import math
 import random
 
@@ -55,12 +56,14 @@ def dpsgd_offsets(world: int, topology: Topology) -> tuple[int, ...]:
 
 # ---------------------------------------------------------------- Crossover
 
+@functools.lru_cache(maxsize=512)
 def derangement(roots: int, *, seed: int, step: int, segment: int) -> tuple[int, ...]:
     """partner[i]: the root that root i receives segment `segment` from at `step`.
 
     A permutation without fixed points drawn by the load-balanced rule; the RNG
     is seeded by (seed, step, segment) only, so every rank draws the same one
-    and nothing needs saving for resume."""
+    and nothing needs saving for resume. Cached (a pure function): the blocked
+    simulator's probe and byte count draw the same ones (1.3 ms each at 1024 roots)."""
     if roots < 2:
         return tuple(range(roots))
     rng = random.Random(f"crossover:{seed}:{step}:{segment}")
