@@ -62,14 +62,20 @@ def _local_step(z, c, h, lr, y, mean, zero, cons):
 
 
 @numba.njit(cache=True, fastmath=True)
-def _group_step(z, c, h, lr, group, inv_group, y, gm):
-    """y = z - lr * (group mean of the gradients): reduce_grads of AllReduce / hierarchical Crossover."""
+def _group_step(z, c, h, lr, group, inv_group, y, gm, mean, zero, cons):
+    """y = z - lr * (group mean of the gradients): reduce_grads of AllReduce / hierarchical Crossover.
+    The consensus of z is measured in the pass that sums the gradients (one read of z fewer)."""
     n, width = z.shape
     for g0 in range(0, n, group):
         gm[:] = 0
         for i in range(g0, g0 + group):
+            s = zero
             for j in range(width):
-                gm[j] += (z[i, j] - c[i, j]) * h[j]
+                v = z[i, j]
+                d = v - mean[j]
+                s += d * d
+                gm[j] += (v - c[i, j]) * h[j]
+            cons[i] += s
         for j in range(width):
             gm[j] = lr * (gm[j] * inv_group)
         for i in range(g0, g0 + group):
@@ -111,19 +117,16 @@ def _run_block(z, c, h, best, lrs, group, idx, coef, cons, err):
     n, width = z.shape
     y = np.empty_like(z)
     gm = np.empty(width, dtype=z.dtype)
-    mean = np.empty(width, dtype=z.dtype)
+    mean = np.zeros(width, dtype=z.dtype)
     inv_group, inv_n, zero = _scalar(1 / group, z), _scalar(1 / n, z), _scalar(0, z)
     steps = lrs.shape[0]
     for t in range(steps):
+        # the consensus of z before step t is the one after step t - 1 (at t = 0: into a scratch row)
+        before = cons[t - 1] if t > 0 else np.zeros(n, dtype=cons.dtype)
         if group > 1:
-            if t > 0:
-                _consensus(z, mean, zero, cons[t - 1])
-            _group_step(z, c, h, lrs[t], group, inv_group, y, gm)
-        elif t > 0:
-            _local_step(z, c, h, lrs[t], y, mean, zero, cons[t - 1])
-        else:  # nothing to measure before the first step: into a scratch row
-            mean[:] = 0
-            _local_step(z, c, h, lrs[t], y, mean, zero, np.zeros(n, dtype=cons.dtype))
+            _group_step(z, c, h, lrs[t], group, inv_group, y, gm, mean, zero, before)
+        else:
+            _local_step(z, c, h, lrs[t], y, mean, zero, before)
         _mix(y, idx[t], coef[t], best, z, mean, inv_n, zero, err[t])
     _consensus(z, mean, zero, cons[steps - 1])
 
