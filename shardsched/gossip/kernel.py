@@ -34,6 +34,7 @@ def _scalar(value, like):
     """`value` in the dtype of the array `like` (see the note above)."""
     return np.full(1, value, dtype=like.dtype)[0]
 
+
 @numba.njit(cache=True, fastmath=True)
 def _consensus(z, mean, zero, cons):
     """cons[i] += ||z_i - mean||^2 (the step-by-step simulator's consensus distance, squared)."""
