@@ -4,7 +4,8 @@
    constant for SGP and Crossover, 2(n-1)/n of the model for AllReduce;
 2. issue 11's scale criterion: `shardsched gossip simulate --workers 1024 --params 1048576
    --steps 100 --sync <each>` as a command of its own (start-up, problem, probe, spectral gap,
-   table included), wall seconds next to the 60 s target;
+   table included; the command's defaults: 4 Crossover segments, one group per worker), wall
+   seconds next to the 60 s target, with CPU seconds and the load average (the machine is shared);
 3. `gossip compare` on real workers: digits (scikit-learn) and the byte-level text task.
 
     .venv/bin/python bench/bench_gossip.py [--workers 1024] [--params 1048576] [--sync sgp,crossover,...]
@@ -59,6 +60,7 @@ def scale(workers: int, params: int, syncs: str, steps: int = 100) -> bool:
         cmd = [sys.executable, "-m", "shardsched.cli", "gossip", "simulate", "--workers", str(workers),
                "--params", str(params), "--steps", str(steps), "--sync", sync]
         with tempfile.NamedTemporaryFile(suffix=".csv") as f:
+            load0 = os.getloadavg()[0]
             t0, cpu0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
             done = subprocess.run([*cmd, "--csv", f.name], capture_output=True, text=True)
             seconds, cpu1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -69,10 +71,11 @@ def scale(workers: int, params: int, syncs: str, steps: int = 100) -> bool:
             continue
         under = seconds < SCALE_TARGET_SECONDS
         ok &= under
-        # CPU seconds of the command: on a shared machine, wall seconds count the other users too.
+        # CPU seconds of the command and the 1-minute load average before and after it: on a shared
+        # machine, wall seconds count the other users too (the kernel uses every core it is given).
         cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
         print(f"  {sync:>10}: {seconds:7.1f} s  ({'under' if under else 'OVER'} {SCALE_TARGET_SECONDS:.0f} s)  "
-              f"cpu {cpu:6.1f} s, "
+              f"cpu {cpu:6.1f} s, load {load0:.1f}->{os.getloadavg()[0]:.1f}, "
               f"consensus {float(last[0]['consensus_distance']):.3e}, "
               f"bytes/worker/step {float(last[0]['bytes_per_worker_per_step']):,.0f}")
     return ok

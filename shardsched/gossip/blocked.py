@@ -25,6 +25,7 @@ besides z), so it is not a memoryless M_t and runs step by step.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -38,9 +39,11 @@ BLOCKED_SYNCS = frozenset({Sync.ALLREDUCE, Sync.SGP, Sync.DPSGD, Sync.CROSSOVER}
 """Algorithms whose step is a memoryless linear map of z (OSGP holds a message in flight)."""
 
 BLOCK_BYTES = 3 * 2**20
-"""Working set per block: z, c and y blocks of n x width. Measured at n = 1024 on this machine
-(1 MiB L2 per core, 32 MiB L3): 256 columns (3 MiB) ran faster than 64 (fits L2, but rows too
-short for the vector loop) and than 1024."""
+"""Working set per block: z, c and y blocks of n x width. Measured at n = 1024, float32, one thread,
+on this machine (AMD Zen 3: 512 KiB L2 per core -- lscpu's "1 MiB" counts both cores -- and 32 MiB L3),
+ns per element-step: width 64 (768 KiB) 0.64, 128 0.52, 256 (3 MiB) 0.48-0.50, 512 0.47-0.52; 32
+columns (384 KiB, inside L2) 1.2-1.4. A block in L3 streams at ~45 GB/s per core; rows short enough
+for L2 pay more per row (two horizontal sums, index loads, loop set-up) than L2 saves."""
 
 
 class LinearSteps(NamedTuple):
@@ -91,7 +94,14 @@ def _stack_padded(rows: list[list[tuple[torch.Tensor, torch.Tensor]]], n: int, d
 
 def probe_steps(cfg: GossipConfig, *, n: int, dim: int, bounds: Sequence[tuple[int, int]], steps: int,
                 dtype: torch.dtype) -> LinearSteps:
-    """Reduction and mixing of every step, read off the real mixer (see the module's notes)."""
+    """Reduction and mixing of every step, read off the real mixer (see the module's notes). Cached:
+    it needs no problem data, so `gossip simulate` probes while the problem is being made (command.py)."""
+    return _probe_steps(cfg, n, dim, tuple(map(tuple, bounds)), steps, dtype)
+
+
+@functools.lru_cache(maxsize=8)
+def _probe_steps(cfg: GossipConfig, n: int, dim: int, bounds: tuple[tuple[int, int], ...], steps: int,
+                 dtype: torch.dtype) -> LinearSteps:
     segs = len(bounds) if cfg.sync is Sync.CROSSOVER else 1  # only Crossover mixes segments differently
     mixer = make_mixer(InProcessCommunicator(n), cfg, [(s * n, (s + 1) * n) for s in range(segs)])
     group = _group_size(mixer, n, dtype)
@@ -121,7 +131,7 @@ def dry_run_bytes(cfg: GossipConfig, *, n: int, dim: int, bounds: Sequence[tuple
 
 class BlockedRun(NamedTuple):
     z: torch.Tensor
-    """(n, P) final models."""
+    """(n, P) final models; (n, 0) when the caller did not keep them."""
     cons_sq: np.ndarray
     """(steps, n) float64: ||z_i - mean z||^2 after every step."""
     err_sq: np.ndarray
@@ -143,21 +153,27 @@ def block_layout(bounds: Sequence[tuple[int, int]], *, n: int, itemsize: int,
 
 
 def run_blocked(problem, cfg: GossipConfig, *, steps: int, lrs: Sequence[float],
-                bounds: Sequence[tuple[int, int]], best: torch.Tensor | None) -> BlockedRun:
-    """All `steps` of `cfg.sync` on the separable `problem`, block by block (the numba kernel)."""
+                bounds: Sequence[tuple[int, int]], best: torch.Tensor | None, models: bool = True) -> BlockedRun:
+    """All `steps` of `cfg.sync` on the separable `problem`, block by block (the numba kernel);
+    `models=False` skips writing the final (n, P) models (the curves are the same)."""
     import numba
 
     from shardsched.gossip.kernel import run_blocks
     n, dim, dtype = problem.workers, problem.dim, problem.c.dtype
     lin = probe_steps(cfg, n=n, dim=dim, bounds=bounds, steps=steps, dtype=dtype)
-    z = problem.initial().expand(n, -1).contiguous()
+    z = torch.empty(n, dim if models else 0, dtype=dtype)
     numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
     threads = numba.get_num_threads()
     cons = np.zeros((threads, steps, n))
     err = np.zeros((threads, steps, n))
     target = best if best is not None else torch.zeros(dim, dtype=dtype)
     starts, ends, segment = block_layout(bounds, n=n, itemsize=z.element_size(), segmented=lin.idx.shape[0] > 1)
-    run_blocks(z.numpy(), problem.c.numpy(), problem.h.numpy(), target.numpy(),
-               np.asarray(lrs, dtype=lin.coef.dtype), lin.group, lin.idx, lin.coef, starts, ends, segment,
-               cons, err)
-    return BlockedRun(z=z, cons_sq=cons.sum(axis=0), err_sq=err.sum(axis=0), steps=lin)
+    chunk = numba.set_parallel_chunksize(1)  # one block at a time (kernel.run_blocks' notes)
+    try:
+        run_blocks(problem.initial().numpy(), problem.c.numpy(), problem.h.numpy(), target.numpy(),
+                   np.asarray(lrs, dtype=lin.coef.dtype), lin.group, lin.idx, lin.coef, starts, ends, segment,
+                   cons, err, z.numpy())
+    finally:
+        numba.set_parallel_chunksize(chunk)
+    return BlockedRun(z=z, cons_sq=cons.sum(axis=0), err_sq=err.sum(axis=0),
+                      steps=lin._replace(weight=lin.weight.clone()))  # the cached probe stays as it was

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 
 from shardsched.errors import UsageError
 from shardsched.gossip.config import GossipConfig, Sync, Topology, check_config, parse_syncs
@@ -63,23 +63,40 @@ def simulation_problem(*, workers: int, params: int, tensors: int, seed: int):
     return DiagonalLeastSquares.make(workers=workers, dim=params, pieces=tensors, seed=seed)
 
 
-def run_simulate(args: argparse.Namespace) -> int:
-    import torch
+def _problem_while_preparing(args: argparse.Namespace, cfgs: list[GossipConfig]):
+    """The simulation problem, made in a thread while this one probes every algorithm's mixing and
+    computes its spectral gap (both cached for `simulate` and `report.summarize`).
 
+    [Note: overlap] Neither needs the problem's data, and making it is one torch.randn that
+    releases the GIL: 9 s for 1024 x 2^20 optima on one core (torch's generator is sequential),
+    while the probes and gaps take 2 s (SGP) to 12 s (Crossover: 4 segments, 8-step period)."""
+    from shardsched.gossip import report
+    from shardsched.gossip.problems import DiagonalLeastSquares
+    from shardsched.gossip.simulate import prepare
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        making = pool.submit(simulation_problem, workers=args.workers, params=args.params, tensors=args.tensors,
+                             seed=args.seed)
+        for cfg in cfgs:
+            if args.params > DENSE_MAX_DIM:
+                shapes = DiagonalLeastSquares.empty(workers=args.workers, dim=args.params, pieces=args.tensors)
+                prepare(shapes, cfg, steps=args.steps, segments=args.segments)
+            report.mixing_gap(cfg, args.workers)
+        return making.result()
+
+
+def run_simulate(args: argparse.Namespace) -> int:
     from shardsched.gossip import report
     from shardsched.gossip.simulate import decaying_lr, simulate
     syncs = _check_simulate(args)
-    problem = simulation_problem(workers=args.workers, params=args.params, tensors=args.tensors, seed=args.seed)
+    cfgs = [GossipConfig(sync=sync, groups=args.groups if sync is Sync.CROSSOVER else 0,
+                         topology=Topology(args.topology), seed=args.seed) for sync in syncs]
+    problem = _problem_while_preparing(args, cfgs)
     nbytes = args.params * problem.initial().element_size()
     rows = []
-    for sync in syncs:
-        cfg = GossipConfig(sync=sync, groups=args.groups if sync is Sync.CROSSOVER else 0,
-                           topology=Topology(args.topology), seed=args.seed)
+    for cfg in cfgs:
+        # The table, CSV and PNG need the curves only: no final models (4 GiB at 1024 x 1M).
         res = simulate(problem, cfg, steps=args.steps, lr=decaying_lr(args.lr, half_life=args.half_life),
-                       segments=args.segments)
-        # The table, CSV and PNG need the curves only: free the final models (4 GiB at 1024 x 1M)
-        # before the next algorithm allocates its own.
-        res = dataclasses.replace(res, z=torch.empty(args.workers, 0, dtype=res.z.dtype))
+                       segments=args.segments, models=False)
         rows.append(report.summarize(res, cfg, nbytes=nbytes, device=args.device,
                                      gpus_per_node=args.gpus_per_node, segments=args.segments))
     title = (f"gossip simulate: {args.workers} workers, {args.params:,} parameters, {args.steps} steps, "

@@ -85,6 +85,14 @@ class DiagonalLeastSquares:
         c = torch.randn(workers, dim, generator=g, dtype=dtype)
         return cls(h=h, c=c, pieces=_pieces(dim, pieces))
 
+    @classmethod
+    def empty(cls, *, workers: int, dim: int, pieces: int = 4,
+              dtype: torch.dtype = torch.float32) -> "DiagonalLeastSquares":
+        """make()'s shapes and dtype without its data (torch.empty touches no memory): for the work
+        that needs only the shapes, done while make() runs (gossip/command.py)."""
+        return cls(h=torch.empty(dim, dtype=dtype), c=torch.empty(workers, dim, dtype=dtype),
+                   pieces=_pieces(dim, pieces))
+
     @property
     def workers(self) -> int:
         return self.c.shape[0]

@@ -3,6 +3,7 @@ communication times, print a table, write CSV and PNG."""
 from __future__ import annotations
 
 import csv
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,10 @@ class SyncRow:
     """Predicted communication per step, gpus_per_node workers per node."""
 
 
+@functools.lru_cache(maxsize=16)
 def mixing_gap(cfg: GossipConfig, world: int) -> float | None:
+    """Spectral gap of `cfg`'s mixing on `world` ranks; cached, so `gossip simulate` computes it
+    while the problem is being made (command.py) and `summarize` finds it."""
     if world > SPECTRAL_MAX_WORKERS:
         return None
     if cfg.sync is Sync.ALLREDUCE:
@@ -42,7 +46,7 @@ def mixing_gap(cfg: GossipConfig, world: int) -> float | None:
 
 def summarize(result: SimResult, cfg: GossipConfig, *, nbytes: float, device: str, gpus_per_node: int,
               segments: int) -> SyncRow:
-    n = result.weight.shape[0]  # not z: the command drops z (n x P) once a result is summarised
+    n = result.weight.shape[0]  # not z: the command runs with models=False (z is (n, 0))
     kw = dict(world=n, nbytes=nbytes, device=DEVICES[device], segments=segments, topology=cfg.topology)
     return SyncRow(result=result, spectral_gap=mixing_gap(cfg, n),
                    comm_seconds_flat=predicted_comm_seconds(cfg.sync, gpus_per_node=1, **kw),

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from shardsched.gossip.blocked import BLOCKED_SYNCS, run_blocked
+from shardsched.gossip.blocked import BLOCKED_SYNCS, probe_steps, run_blocked
 from shardsched.gossip.comm import InProcessCommunicator
 from shardsched.gossip.config import GossipConfig, Sync
 from shardsched.gossip.mixing import make_mixer
@@ -85,13 +85,23 @@ def choose_path(problem, cfg: GossipConfig, path: SimPath = SimPath.AUTO) -> Sim
     return path
 
 
+def prepare(problem, cfg: GossipConfig, *, steps: int, segments: int = 1) -> None:
+    """Do ahead, into blocked.py's cache, what `simulate` would do first without reading the problem's
+    data (the blocked path's probe): `problem` may be one of `DiagonalLeastSquares.empty`'s shapes."""
+    if choose_path(problem, cfg) is SimPath.BLOCKED:
+        bounds = equal_bounds(problem.dim, problem.pieces, segments)
+        probe_steps(cfg, n=problem.workers, dim=problem.dim, bounds=bounds, steps=steps, dtype=problem.c.dtype)
+
+
 def simulate(problem, cfg: GossipConfig, *, steps: int, lr: Callable[[int], float], segments: int = 1,
-             track_error: bool = True, path: SimPath = SimPath.AUTO) -> SimResult:
-    """Run `steps` steps of `cfg.sync` on `problem` (LeastSquares or DiagonalLeastSquares)."""
+             track_error: bool = True, path: SimPath = SimPath.AUTO, models: bool = True) -> SimResult:
+    """Run `steps` steps of `cfg.sync` on `problem` (LeastSquares or DiagonalLeastSquares).
+    `models=False`: SimResult.z is (n, 0), so the blocked path never writes the (n, P) models."""
     bounds = equal_bounds(problem.dim, problem.pieces, segments)
     t0 = time.perf_counter()
     if choose_path(problem, cfg, path) is SimPath.BLOCKED:
-        return _simulate_blocked(problem, cfg, steps=steps, lr=lr, bounds=bounds, track_error=track_error, t0=t0)
+        return _simulate_blocked(problem, cfg, steps=steps, lr=lr, bounds=bounds, track_error=track_error,
+                                 models=models, t0=t0)
     n = problem.workers
     comm = InProcessCommunicator(n)
     mixer = make_mixer(comm, cfg, bounds)
@@ -105,15 +115,16 @@ def simulate(problem, cfg: GossipConfig, *, steps: int, lr: Callable[[int], floa
         if best is not None:
             errors.append(float(((z - best).norm(dim=1) / best.norm()).max()))
     z = mixer.flush(z)
-    return SimResult(sync=cfg.sync, z=z, weight=mixer.weight.clone(), consensus=tuple(consensus),
+    return SimResult(sync=cfg.sync, z=z if models else z[:, :0], weight=mixer.weight.clone(), consensus=tuple(consensus),
                      rel_error=tuple(errors), bytes_per_worker_per_step=float(comm.bytes_sent.mean()) / max(1, steps),
                      seconds=time.perf_counter() - t0, path=SimPath.STEPWISE)
 
 
 def _simulate_blocked(problem, cfg: GossipConfig, *, steps: int, lr: Callable[[int], float],
-                      bounds, track_error: bool, t0: float) -> SimResult:
+                      bounds, track_error: bool, models: bool, t0: float) -> SimResult:
     best = problem.optimum() if track_error else None
-    run = run_blocked(problem, cfg, steps=steps, lrs=[lr(k) for k in range(steps)], bounds=bounds, best=best)
+    run = run_blocked(problem, cfg, steps=steps, lrs=[lr(k) for k in range(steps)], bounds=bounds, best=best,
+                      models=models)
     consensus = tuple(float(v) for v in np.sqrt(run.cons_sq).mean(axis=1))
     errors = () if best is None else tuple(float(v) for v in np.sqrt(run.err_sq).max(axis=1) / float(best.norm()))
     return SimResult(sync=cfg.sync, z=run.z, weight=run.steps.weight, consensus=consensus, rel_error=errors,

@@ -17,6 +17,7 @@ Everything here is a pure function of (rank, world, step[, seed]), so every rank
 """
 from __future__ import annotations
 
+import functools
 import math
 import random
 
@@ -55,12 +56,14 @@ def dpsgd_offsets(world: int, topology: Topology) -> tuple[int, ...]:
 
 # ---------------------------------------------------------------- Crossover
 
+@functools.lru_cache(maxsize=512)
 def derangement(roots: int, *, seed: int, step: int, segment: int) -> tuple[int, ...]:
     """partner[i]: the root that root i receives segment `segment` from at `step`.
 
     A permutation without fixed points drawn by the load-balanced rule; the RNG
     is seeded by (seed, step, segment) only, so every rank draws the same one
-    and nothing needs saving for resume."""
+    and nothing needs saving for resume. Cached (a pure function): the blocked
+    simulator's probe and byte count draw the same ones (1.3 ms each at 1024 roots)."""
     if roots < 2:
         return tuple(range(roots))
     rng = random.Random(f"crossover:{seed}:{step}:{segment}")
@@ -122,10 +125,12 @@ def crossover_matrix(world: int, groups: int, *, seed: int, step: int, segment: 
         root_mix[i, j] += 0.5
     if groups == 1:
         root_mix = np.ones((1, 1))
-    # rank-level: every member of group g takes root g's mixed value, a mean over the group's (equal) replicas.
-    expand = np.kron(np.eye(groups), np.ones((size, 1)))        # world x groups
-    collapse = np.kron(np.eye(groups), np.ones((1, size)) / size)  # groups x world
-    return expand @ root_mix @ collapse
+    if size == 1:
+        return root_mix
+    # rank-level: every member of group g takes root g's mixed value, a mean over the group's (equal) replicas:
+    # expand (world x groups, ones) @ root_mix @ collapse (groups x world, 1/size), whose entries have one
+    # non-zero term each, i.e. kron(root_mix, 1/size), without two world x world products.
+    return np.kron(root_mix, np.full((size, size), 1.0 / size))
 
 
 def allreduce_matrix(world: int) -> np.ndarray:
