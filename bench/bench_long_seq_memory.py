@@ -1,6 +1,6 @@
 """Predicted vs FSDPMemTracker peak at a long sequence (issue 7's open gap).
 
-    .venv/bin/python bench/bench_long_seq_memory.py [--seq 1024]
+    .venv/bin/python bench/bench_long_seq_memory.py [--seq 1024] [--no-fuse]
 
 The memory tests use sequences of 32-128; this prints the same comparison at
 --seq for the project's GPT (analytic profile, fp32 like the plan) and a tied HF
@@ -52,6 +52,7 @@ def hf_case(seq: int):
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--no-fuse", action="store_true", help="one layer per unit (the least-memory plan's shape)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     cluster = Cluster(world=8, gpus_per_node=8, device=DEVICES["cpu"])
@@ -60,7 +61,7 @@ def main() -> int:
     for name, case in (("gpt", gpt_case), ("hf-gpt2", hf_case)):
         profile, build = case(args.seq)
         for strategy in STRATEGIES:
-            plan = make_plan(profile, cluster, strategy=strategy)
+            plan = make_plan(profile, cluster, strategy=strategy, fuse=not args.no_fuse)
             model, inputs = build()
             measured = measured_peak(model, inputs, plan)
             err = plan.predicted.peak_bytes / measured - 1

@@ -11,7 +11,7 @@ import copy
 import time
 import warnings
 from collections import defaultdict
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 import torch.nn as nn
@@ -159,8 +159,18 @@ def _storage(t: torch.Tensor) -> tuple[int, int] | None:
         return None
 
 
-def _measure_memory(model: nn.Module, inputs: tuple, hooks: _Hooks,
-                    children: list[str]) -> tuple[dict[str, int], tuple[dict[str, int], dict[str, int]], dict[str, int]]:
+class _Memory(NamedTuple):
+    """Bytes per layer (and child) from one forward and backward."""
+
+    acts: dict[str, int]
+    outside: dict[str, int]
+    """Of `acts`, saved by code outside every layer (`LayerProfile.outside_bytes`)."""
+    outside_largest: dict[str, int]
+    """The largest tensor that outside code saved."""
+    workspace: dict[str, int]
+
+
+def _measure_memory(model: nn.Module, inputs: tuple, hooks: _Hooks, children: list[str]) -> _Memory:
     """One forward and backward. Activations: bytes of the storages saved for backward,
     attributed to the layer (and child) running when autograd saved them, each storage
     once; parameters and buffers are persistent state, and the example inputs are
@@ -207,7 +217,7 @@ def _measure_memory(model: nn.Module, inputs: tuple, hooks: _Hooks,
         workspace = ws.finish()
         for p in model.parameters():
             p.grad = None
-    return acts, (outside, outside_largest), workspace
+    return _Memory(acts, outside, outside_largest, workspace)
 
 
 def _timed_steps(model: nn.Module, inputs: tuple, hooks: _Hooks, *, repeats: int, warmup: int):
@@ -269,7 +279,7 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
     saved_grads = {p: p.grad for p in run_model.parameters()}
     hooks = _Hooks(run_model, names, children)
     try:
-        acts, (outside, outside_largest), workspace = _measure_memory(run_model, run_inputs, hooks, list(hooks.parent))
+        mem = _measure_memory(run_model, run_inputs, hooks, list(hooks.parent))
         fwd, bwd = _timed_steps(run_model, run_inputs, hooks, repeats=repeats, warmup=warmup)
     finally:
         hooks.remove()
@@ -280,10 +290,10 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
         return LayerProfile(name=n, params=sum(p.numel() for p in params), dims=L.dims(params),
                             forward_seconds=fwd.get(n, 0.0), backward_seconds=bwd.get(n, 0.0),
-                            activation_bytes=acts.get(n, 0),
-                            workspace_bytes=layer_workspace(workspace.get(n, 0), acts.get(n, 0), grad_bytes,
-                                                            outside_largest.get(n, 0)),
-                            input_bytes=hooks.input_bytes.get(n, 0), outside_bytes=outside.get(n, 0),
+                            activation_bytes=mem.acts.get(n, 0),
+                            workspace_bytes=layer_workspace(mem.workspace.get(n, 0), mem.acts.get(n, 0), grad_bytes,
+                                                            mem.outside_largest.get(n, 0)),
+                            input_bytes=hooks.input_bytes.get(n, 0), outside_bytes=mem.outside.get(n, 0),
                             children=kids)
 
     order = lambda cs: sorted(cs, key=lambda c: hooks.first_seen.get(c, len(hooks.first_seen)))  # noqa: E731

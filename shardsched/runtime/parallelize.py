@@ -101,8 +101,8 @@ def unit_kwargs(strategy: Strategy, mesh: DeviceMesh, meshes: dict, gpus_per_nod
 
 def checkpoint_layers(model: nn.Module, plan: Plan) -> None:
     """Activation checkpointing on every layer of a checkpointed unit, each layer on its
-    own ([Note: checkpointed units, layer by layer] in `plan.units`), whichever engine
-    then runs the plan (FSDP2 or DDP)."""
+    own ([Note: checkpointed units, layer by layer] in `plan.units`), before `fully_shard`
+    (a checkpointed plan never runs on DDP: `runtime.ddp.runs_on_ddp`)."""
     for unit in plan.units:
         if unit.checkpoint:
             for name in unit.layers:

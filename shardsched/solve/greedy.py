@@ -95,13 +95,13 @@ class Evaluator:
         held_rs = rs[i + 1] if i + 1 < n else 0
         base = pers + U[i] + G[i + 1] + (c.root_grad if holds_root_grad(i, n) else 0)
         u = unsh[i]
-        own, later = c.ckbwd[i] if ch.ckpt and ch.ckpt[i] else (c.act[i] + c.ws[i], 0)  # `Scenario.backward_bytes`
+        ck = bool(ch.ckpt and ch.ckpt[i])
+        own, later = c.ckbwd[i] if ck else (c.act[i] + c.ws[i], 0)  # `Scenario.backward_bytes`
         own_sharded = G[i] - G[i + 1]  # its modules done reduced theirs (`sim.memory._backward`)
         m = max(u + self.act[i] + own + held_rs + inc[s],  # backward starts (checkpointed: recomputed)
                 u + self.act[i] + later + own_sharded + inc[s] if later else 0,  # a checkpointed unit's earlier layers
                 u + c.ugrad[i] + self.act[i] + c.ws[i] + held_rs + inc[s],  # backward ends
                 c.ugrad[i] + self.act[i] + rs[i] + inc[s])  # reduce
-        ck = bool(ch.ckpt and ch.ckpt[i])
         regather = c.regather[i][ck]  # a later module's copy-out (`Scenario.regather_bytes`)
         if regather:
             m = max(m, u + forward_gathers(self.p.costs[i], ch.strategies[i]) * u + self.act[i] + regather
