@@ -6,9 +6,11 @@ naming the problem and the accepted forms, exit status 2, no traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 
+from shardsched._stdout import document_stdout
 from shardsched.errors import UsageError
 
 
@@ -57,8 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command if command in COMMANDS else None).parse_args(argv)
+    # `--json` (a flag, not gossip compare's `--json FILE`): stdout carries the document alone.
+    guard = document_stdout() if getattr(args, "json", None) is True else contextlib.nullcontext()
     try:
-        return int(args.func(args) or 0)
+        with guard:
+            return int(args.func(args) or 0)
     except UsageError as e:
         sys.stderr.write(f"shardsched {args.command}: error: {e}\n")
         return 2

@@ -54,6 +54,7 @@ from typing import NamedTuple
 import highspy
 import numpy as np
 
+from shardsched._stdout import native_quiet
 from shardsched.cost.strategy import gather_seconds, held_after_forward, reduce_seconds, shard_count
 from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad, root_grad_bytes
 from shardsched.solve.candidates import Choice, Problem
@@ -552,8 +553,7 @@ def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | 
     t0 = time.perf_counter()
     b = _Build(p, budget=budget, ahead=p.n if ahead is None else ahead,
                t_ub=start_seconds if start is not None else None)
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = _new_highs()
     h.setOptionValue("time_limit", max(0.05, time_limit - (time.perf_counter() - t0)))
     h.setOptionValue("mip_rel_gap", gap)
     h.setOptionValue("mip_feasibility_tolerance", 1e-9)
@@ -573,6 +573,16 @@ def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | 
     x = np.array(h.getSolution().col_value)
     return MilpResult(b.choice(x), info.objective_function_value * b.tscale, status,
                       _gap(status, float(info.mip_gap)), time.perf_counter() - t0)
+
+
+def _new_highs() -> highspy.Highs:
+    """A silent HiGHS. highspy >= 1.16 prints its banner on stdout (C stdio, descriptor 1)
+    when the first `Highs` of a process is made, before any option can be set: that
+    construction runs with descriptor 1 muted (`_stdout` [Note: why file descriptors])."""
+    with native_quiet():
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    return h
 
 
 def _gap(status: str, mip_gap: float) -> float | None:

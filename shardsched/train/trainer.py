@@ -311,6 +311,9 @@ def _train(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.devic
         (Path(cfg.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1))
         if not cfg.quiet:
             print_summary(summary)
+        warning = budget_warning(summary)
+        if warning:  # said even under --quiet: the plan's one promise did not hold
+            print(warning, file=sys.stderr, flush=True)
     return TrainResult(losses=tuple(run.losses), start_step=start, summary=summary,
                        model=run.model, optimizer=run.opt)
 
@@ -347,4 +350,22 @@ def _summary(run: _Run, start: int, peaks: list) -> dict:
         "units": [{"name": u.name, "layers": list(u.layers), "strategy": u.strategy.value} for u in plan.units],
         "notes": list(plan.notes) + list(run.task.notes),
         "fingerprint": plan.fingerprint,
+        **budget_check(plan, max(known) if known else None),
     }
+
+
+def budget_check(plan: Plan, measured_peak: int | None) -> dict:
+    """summary.json's word on the plan's promise: the budget it was made for, and whether
+    the measured peak kept under it (None when either is unknown)."""
+    budget = plan.memory_budget_bytes
+    exceeded = None if budget is None or measured_peak is None else measured_peak > budget
+    return {"memory_budget_bytes": budget, "budget_exceeded": exceeded}
+
+
+def budget_warning(summary: dict) -> str | None:
+    """One line when the measured peak exceeded the plan's budget: the promise broke."""
+    if not summary.get("budget_exceeded"):
+        return None
+    peak, budget = summary["measured_peak_bytes"], summary["memory_budget_bytes"]
+    return (f"train: warning: measured peak {fmt_bytes(peak)} per worker exceeds the plan's memory budget "
+            f"{fmt_bytes(budget)} ({peak / budget - 1:+.1%}; predicted {fmt_bytes(summary['predicted_peak_bytes'])})")

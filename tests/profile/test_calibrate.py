@@ -4,6 +4,8 @@ exact timings, a real 2-worker run writes a readable cluster file, and `plan`,
 import dataclasses
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -78,8 +80,11 @@ def test_fitted_device_round_trips_through_a_cluster_file(tmp_path):
 
 def test_real_two_worker_calibration_feeds_plan(tmp_path, capsys):
     out = tmp_path / "cluster.json"
-    assert main(["profile", "--nproc", "2", "--out", str(out), "--repeats", "1"]) == 0
-    assert "matmul" in capsys.readouterr().out
+    # A fresh interpreter and `--json`: stdout is the fit report and nothing else (issue 17).
+    r = subprocess.run([sys.executable, "-m", "shardsched", "profile", "--nproc", "2", "--out", str(out),
+                        "--repeats", "1", "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == json.loads(out.read_text())["fit"]
     dev = read_cluster_file(str(out))
     figures = [dev.intra.alpha_seconds, dev.intra.bandwidth, dev.memory_bandwidth, dev.mfu,
                *dev.efficiency.values()]

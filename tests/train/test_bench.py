@@ -1,5 +1,7 @@
 """`shardsched bench`: every strategy on the same workers, ratios vs full_shard."""
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -9,13 +11,15 @@ from shardsched.cost.bytes import parse_bytes
 from ._helpers import TINY, mixed_plan, tiny_config
 
 
-def test_bench_compares_strategies_and_a_plan(tmp_path, capsys):
+def test_bench_compares_strategies_and_a_plan(tmp_path):
     plan = tmp_path / "mixed.json"
     plan.write_text(mixed_plan(tiny_config(str(tmp_path)), world=2).to_json())
-    rc = main(["bench", "--nproc", "2", "--steps", "4", "--model", TINY, "--seq", "16", "--batch", "4",
-               "--plan", str(plan), "--run-dir", str(tmp_path / "bench")])
-    out = capsys.readouterr().out
-    assert rc == 0
+    # A fresh interpreter and `--json`: its stdout must be the rows and nothing else (issue 17).
+    r = subprocess.run([sys.executable, "-m", "shardsched", "bench", "--nproc", "2", "--steps", "4", "--model", TINY,
+                        "--seq", "16", "--batch", "4", "--plan", str(plan), "--run-dir", str(tmp_path / "bench"),
+                        "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = {row["variant"]: row for row in json.loads(r.stdout)}
     results = json.loads((tmp_path / "bench" / "bench.json").read_text())
     assert list(results) == ["replicate", "shard_grad_op", "full_shard", "plan"]
     for label, s in results.items():
@@ -26,7 +30,8 @@ def test_bench_compares_strategies_and_a_plan(tmp_path, capsys):
     # Replicas hold all parameters, gradients and Adam state; full sharding half of them.
     assert results["replicate"]["measured_peak_bytes"] > results["full_shard"]["measured_peak_bytes"]
     assert [u["strategy"] for u in results["plan"]["units"]] == ["replicate", "shard_grad_op", "full_shard"]
-    assert "1.00x" in out and "shard_grad_op" in out and "plan" in out
+    assert list(rows) == list(results) and rows["full_shard"]["step_ratio"] == 1.0
+    assert rows["plan"]["peak_bytes"] == results["plan"]["measured_peak_bytes"]
 
 
 @pytest.mark.parametrize("text, value", [
