@@ -98,10 +98,29 @@ def kept_when_checkpointed(layer: LayerProfile) -> int:
 # whole unit's activations at once over-counted by all but one layer (GPT, 4 blocks at
 # seq 1024 in 2 units: +38% at the peak; bench/bench_long_seq_memory.py).
 
-def layer_bytes(layers: list[LayerProfile]) -> tuple[tuple[int, int, int, int], ...]:
-    """(kept when checkpointed, activations, workspace, parameters) per layer."""
+# [Note: repeated modules]
+# A module applied several times in one forward (ALBERT's one shared layer run once per
+# depth; a block reused in a loop) is one layer with `calls` > 1: one set of parameters,
+# gathered and reduced once per use of its unit, one workspace (its calls run backward one
+# after the other), and activations and inputs summed over its calls (the profilers record
+# every call). Checkpointed (PyTorch checkpoints each call on its own), every call keeps its
+# inputs and backward recomputes one call at a time: the calls not being recomputed hold
+# their inputs, the one being recomputed its activations (`recomputed_bytes`). Counting all
+# calls' activations at once over-predicted a twice-applied block by 26%.
+
+def recomputed_bytes(layer: LayerProfile) -> int:
+    """Live bytes of a checkpointed layer while one of its calls is recomputed."""
+    c = max(1, layer.calls)
+    kept = kept_when_checkpointed(layer)
+    return layer.activation_bytes if c == 1 else layer.activation_bytes // c + kept - kept // c
+
+
+def layer_bytes(layers: list[LayerProfile]) -> tuple[tuple[int, int, int, int, int], ...]:
+    """(kept when checkpointed, activations, workspace, parameters, bytes live while it is
+    recomputed) per layer."""
     return tuple((kept_when_checkpointed(layer), layer.activation_bytes,
-                  layer.workspace_bytes or layer.activation_bytes // 2, layer.params) for layer in layers)
+                  layer.workspace_bytes or layer.activation_bytes // 2, layer.params, recomputed_bytes(layer))
+                 for layer in layers)
 
 
 def unit_cost(layers: list[LayerProfile]) -> UnitCost:

@@ -76,6 +76,7 @@ class _Stats:
         self.workspace: dict[str, int] = defaultdict(int)  # measured, `profile.workspace`
         self.itemsize = 4  # of the compute dtype: the bytes of a gradient element
         self.inputs: dict[str, int] = defaultdict(int)
+        self.calls: dict[str, int] = defaultdict(int)  # forward calls of each module
         self.outside: dict[str, int] = defaultdict(int)  # `LayerProfile.outside_bytes`
         self.outside_largest: dict[str, int] = defaultdict(int)  # its largest tensor
         self.largest_saved: dict[str, int] = defaultdict(int)  # per key: folded keys become outside
@@ -99,10 +100,14 @@ class _Tracer:
 
     def _attach(self, module: nn.Module, name: str) -> None:
         def pre(m, args, kwargs):
+            # Every call's inputs: a checkpointed layer (or a partitioned layer's child, a
+            # unit of its own) keeps them all; a module applied several times (ALBERT's shared
+            # layer) is one layer with `calls` > 1 ([Note: repeated modules] in plan/units.py).
+            self.stats.inputs[name] += _nbytes(L.tensors_in((args, kwargs)))
+            self.stats.calls[name] += 1
             if name in self.layer_set:
                 if name not in self.ran:
                     self.ran.append(name)
-                    self.stats.inputs[name] = _nbytes(L.tensors_in((args, kwargs)))
                 self.last = name
             elif name not in self.kids_ran:
                 self.kids_ran.append(name)
@@ -350,13 +355,13 @@ def _expand(tracer: _Tracer, full: list[str], kids: list[str], stacks) -> None:
     targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
                   {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
-                  [d.get(src, 0) for d in (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest)]) for _, src in targets}
+                  [d.get(src, 0) for d in (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls)]) for _, src in targets}
     for name, src in targets:
         flops, moved, rest = snap[src]
         for ph in ("fwd", "bwd"):
             st.flops[ph][name] = defaultdict(float, flops[ph])
             st.moved[ph][name] = moved[ph]
-        for d, v in zip((st.acts, st.workspace, st.inputs, st.outside, st.outside_largest), rest):
+        for d, v in zip((st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls), rest):
             d[name] = v
 
     def order(ran: list[str], names: list[str]) -> list[str]:
@@ -409,11 +414,21 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         backward_seconds=device.compute_seconds(bwd) + st.moved["bwd"].get(name, 0) / bw,
         activation_bytes=st.acts.get(name, 0),
         workspace_bytes=layer_workspace(st.workspace.get(name, 0), st.acts.get(name, 0),
-                                        sum(p.numel() for p in params) * st.itemsize, st.outside_largest.get(name, 0)),
-        input_bytes=st.inputs.get(name, 0), outside_bytes=st.outside.get(name, 0), forward_flops=fwd,
+                                        sum(p.numel() for p in params) * st.itemsize, st.outside_largest.get(name, 0))
+        + _accumulated_grad(name, params, st),
+        input_bytes=st.inputs.get(name, 0), outside_bytes=st.outside.get(name, 0), calls=max(1, st.calls.get(name, 1)),
+        forward_flops=fwd,
         backward_flops=bwd,
         forward_moved_bytes=st.moved["fwd"].get(name, 0), backward_moved_bytes=st.moved["bwd"].get(name, 0),
         children=kids)
+
+
+def _accumulated_grad(name: str, params: Sequence[nn.Parameter], st: _Stats) -> int:
+    """A module run several times: the gradient its later calls accumulated is live through
+    the backward of its earlier ones, below every window's base (`profile.workspace`
+    measures above the live bytes at a window's start), so it comes on top of the workspace
+    ([Note: repeated modules] in plan/units.py)."""
+    return sum(p.numel() for p in params) * st.itemsize if st.calls.get(name, 1) > 1 else 0
 
 
 def _unique(params) -> list[nn.Parameter]:

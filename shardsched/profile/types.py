@@ -42,6 +42,10 @@ class LayerProfile:
     profilers folded into it (a loss or a tied head after the last layer, a dropout
     between layers): checkpointing the layer does not recompute that code, so a
     checkpointed layer keeps these bytes next to its inputs."""
+    calls: int = 1
+    """Times its module runs in one forward (ALBERT's shared layer: once per depth).
+    Parameters and workspace count once; `activation_bytes` and `input_bytes` are the
+    sums over its calls ([Note: repeated modules] in plan/units.py)."""
     children: tuple["LayerProfile", ...] = ()
     """Parameter-holding children, for tensor partitioning of a large layer."""
     dims: tuple[tuple[int, int], ...] = ()

@@ -185,8 +185,7 @@ def _forward(live: _Live, i: int) -> list[MemoryBreakdown]:
                   comm=held_prev + live.agbuf[i] + live.pending_gathers(s, include_launched_here=False))
     # Forward transients: the tensor being produced next to what is saved, about the
     # largest saved one (half the backward workspace, which is two of them).
-    compute = _mb(live, unsharded=live.unsharded_live(s),
-                  act=live.activations(i) + sc.units[i].workspace_bytes // 2,
+    compute = _mb(live, unsharded=live.unsharded_live(s), act=live.activations(i - 1) + sc.forward_bytes(i),
                   comm=live.agbuf[i] + live.pending_gathers(s, include_launched_here=True))
     moments = [copyout, compute]
     if len(sc.units[i].layers) > 1:

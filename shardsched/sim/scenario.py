@@ -42,9 +42,9 @@ class UnitCost:
     code outside them saved (`LayerProfile.outside_bytes`: not recomputed)."""
     checkpointed_lead_bytes: int = 0
     """`lead_activation_bytes` when checkpointed: its other layers keep only their inputs."""
-    layer_bytes: tuple[tuple[int, int, int, int], ...] = ()
+    layer_bytes: tuple[tuple[int, int, int, int, int], ...] = ()
     """Per layer, in forward order: (bytes kept when checkpointed, activations, workspace,
-    parameters), for the moments inside its backward ([Note: checkpointed units, layer
+    parameters, bytes live while it is recomputed), for the moments inside its backward ([Note: checkpointed units, layer
     by layer] in `plan.units`)."""
 
     def checkpointed_backward(self, reduce_bytes: float) -> tuple[int, int]:
@@ -55,13 +55,39 @@ class UnitCost:
         k+1) while layer k runs. At its last layer that input is the previous unit's (the
         simulator's)."""
         layers, before, last, inner = self.layer_bytes, 0, 0, 0
-        for k, (kept, act, ws, _) in enumerate(layers):
+        for k, (kept, _, ws, _, redo) in enumerate(layers):
             if k + 1 < len(layers):
-                inner = max(inner, int(before + act + ws + layers[k + 1][3] * reduce_bytes))
+                inner = max(inner, int(before + redo + ws + layers[k + 1][3] * reduce_bytes))
             else:
-                last = before + act + ws
+                last = before + redo + ws
             before += kept
         return last, inner
+
+    def backward_peak(self) -> int:
+        """Its own activations and workspace at the peak of its backward when not
+        checkpointed: layers run backward last to first, and layer k's backward frees the
+        activations of the layers after it, so the peak is the most over k of the
+        activations of layers 0..k and layer k's workspace (not all activations next to
+        the largest workspace: that over-counted a fused CNN by 24%)."""
+        if not self.layer_bytes:
+            return self.activation_bytes + self.workspace_bytes
+        best, acts = 0, 0
+        for _, act, ws, _, _ in self.layer_bytes:
+            acts += act
+            best = max(best, acts + ws)
+        return best
+
+    def forward_peak(self) -> int:
+        """Its own activations and transients at the peak of its forward when not
+        checkpointed: layer k produces its tensors (half its backward workspace) next to
+        the activations of layers 0..k."""
+        if not self.layer_bytes:
+            return self.activation_bytes + self.workspace_bytes // 2
+        best, acts = 0, 0
+        for _, act, ws, _, _ in self.layer_bytes:
+            acts += act
+            best = max(best, acts + ws // 2)
+        return best
 
     def backward_regather(self, reduce_bytes: float, *, checkpointed: bool) -> int:
         """Its own bytes at the copy-out of a later module's AllGather in its backward:
@@ -69,7 +95,7 @@ class UnitCost:
         checkpointed: k not yet recomputed) and layer k+1's ReduceScatter input."""
         best, acts = 0, 0
         for k in range(len(self.layer_bytes) - 1):
-            kept, act, _, _ = self.layer_bytes[k]
+            kept, act, _, _, _ = self.layer_bytes[k]
             acts += kept if checkpointed else act
             best = max(best, int(acts + self.layer_bytes[k + 1][3] * reduce_bytes))
         return best
@@ -121,6 +147,11 @@ class Scenario:
         u = self.units[i]
         return u.checkpointed_lead_bytes if self.ckpt(i) else u.lead_activation_bytes
 
+    def forward_bytes(self, i: int) -> int:
+        """Activations and transients of unit i's own at the peak of its forward."""
+        u = self.units[i]
+        return u.input_bytes + u.workspace_bytes // 2 if self.ckpt(i) else u.forward_peak()
+
     def backward_bytes(self, i: int) -> tuple[int, int]:
         """Activations and workspace of unit i's own as its backward starts, next to the
         previous unit's ReduceScatter input, and later in its backward (0: none larger):
@@ -128,7 +159,7 @@ class Scenario:
         one by one (`UnitCost.checkpointed_backward`)."""
         u = self.units[i]
         if not self.ckpt(i):
-            return u.activation_bytes + u.workspace_bytes, 0
+            return u.backward_peak(), 0
         return u.checkpointed_backward(self.state.reduce)
 
     def regather_bytes(self, i: int) -> int:

@@ -1,0 +1,301 @@
+"""Random models and random plans for the memory model (issue 15).
+
+A `Spec` is plain data drawn from a seed (`draw_case`; hypothesis drives the seed, `cases()`); `build(spec)` makes the model and
+one worker's inputs from it, deterministically. The families cover how users write models:
+- "lm": a causal LM (embedding, blocks of attention + MLP, norm, head), vocabulary 256..64k,
+  tied or untied head, the MLP a custom module or an `nn.Sequential`, the loss computed in the
+  root's forward or in a child module, blocks in a ModuleList or applied repeatedly (one
+  shared block run `repeat` times, as ALBERT does);
+- "cnn": a classifier of conv blocks (conv, BatchNorm or GroupNorm, ReLU, pooling between
+  children), the loss in the root;
+- "mixer": an MLP-Mixer (token- and channel-mixing MLPs with LayerNorm and residual adds).
+Any of them may sit one attribute deep in a wrapper module (`self.m = Model(...)`).
+
+`measure(spec, plan_spec)` traces the model's profile as `train` does for `python:` models,
+makes the plan, runs two steps of it under FSDP2 on a fake process group (one process
+standing for a worker of `world`), and returns (predicted, measured) peak bytes.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from hypothesis import strategies as st
+
+from shardsched.cost.device import DEVICES, Cluster
+from shardsched.profile.trace import trace_profile
+from shardsched.solve.build import make_plan
+
+from ._fsdp2 import measured_peak
+
+
+@dataclass(frozen=True)
+class Spec:
+    family: str            # "lm" | "cnn" | "mixer"
+    depth: int
+    width: int
+    vocab: int = 256       # lm: vocabulary; cnn/mixer: classes
+    seq: int = 16          # lm: tokens; mixer: patches; cnn: image side
+    batch: int = 2
+    tied: bool = False
+    sequential_mlp: bool = False
+    loss_in_child: bool = False
+    repeat: int = 0        # lm: one shared block applied `repeat` times (0: a ModuleList)
+    norm: str = "layer"    # cnn: "batch" | "group"
+    wrapped: bool = False
+    seed: int = 0
+
+
+# ---------------------------------------------------------------- building blocks
+
+class Attention(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.heads, self.qkv, self.proj = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x):  # x: (B, T, d)
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).transpose(1, 3).unbind(2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int, hidden: int):
+        super().__init__()
+        self.up, self.down = nn.Linear(d, hidden), nn.Linear(hidden, d)
+
+    def forward(self, x):
+        return self.down(F.gelu(self.up(x)))
+
+
+def mlp(d: int, hidden: int, sequential: bool) -> nn.Module:
+    """The same maths written two ways: discovery must not care which."""
+    return nn.Sequential(nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d)) if sequential else MLP(d, hidden)
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, sequential: bool):
+        super().__init__()
+        self.ln1, self.attn = nn.LayerNorm(d), Attention(d, max(1, d // 16))
+        self.ln2, self.mlp = nn.LayerNorm(d), mlp(d, 4 * d, sequential)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class LossHead(nn.Module):
+    """Cross-entropy as a module of its own (the loss in a child)."""
+
+    def forward(self, logits, targets):
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+class LM(nn.Module):
+    def __init__(self, s: Spec):
+        super().__init__()
+        d = s.width
+        self.embed = nn.Embedding(s.vocab, d)
+        self.pos = nn.Parameter(torch.zeros(s.seq, d))
+        if s.repeat:
+            self.shared = Block(d, s.sequential_mlp)
+            self.repeat = s.repeat
+        else:
+            self.blocks = nn.ModuleList(Block(d, s.sequential_mlp) for _ in range(s.depth))
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, s.vocab, bias=False)
+        if s.tied:
+            self.head.weight = self.embed.weight
+        self.loss = LossHead() if s.loss_in_child else None
+
+    def forward(self, idx, targets):
+        x = self.embed(idx) + self.pos
+        for blk in ([self.shared] * self.repeat if hasattr(self, "shared") else self.blocks):
+            x = blk(x)
+        logits = self.head(self.norm(x))
+        if self.loss is not None:
+            return self.loss(logits, targets)
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+class ConvBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, norm: str, pool: bool):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 3, padding=1)
+        self.norm = nn.BatchNorm2d(cout) if norm == "batch" else nn.GroupNorm(min(4, cout), cout)
+        self.pool = pool
+
+    def forward(self, x):
+        x = F.relu(self.norm(self.conv(x)))
+        return F.max_pool2d(x, 2) if self.pool else x
+
+
+class CNN(nn.Module):
+    def __init__(self, s: Spec):
+        super().__init__()
+        chans = [3] + [s.width * (1 + i // 2) for i in range(s.depth)]
+        side, pools = s.seq, []
+        for _ in range(s.depth):
+            pools.append(side >= 8)
+            side = side // 2 if side >= 8 else side
+        self.features = nn.Sequential(*(ConvBlock(chans[i], chans[i + 1], s.norm, pools[i]) for i in range(s.depth)))
+        self.fc = nn.Linear(chans[-1], s.vocab)
+
+    def forward(self, x, y):
+        h = self.features(x).mean(dim=(2, 3))
+        return F.cross_entropy(self.fc(h), y)
+
+
+class MixerBlock(nn.Module):
+    def __init__(self, tokens: int, d: int, sequential: bool):
+        super().__init__()
+        self.ln1, self.tok = nn.LayerNorm(d), mlp(tokens, 2 * tokens, sequential)
+        self.ln2, self.ch = nn.LayerNorm(d), mlp(d, 4 * d, sequential)
+
+    def forward(self, x):  # (B, tokens, d)
+        x = x + self.tok(self.ln1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.ch(self.ln2(x))
+
+
+class Mixer(nn.Module):
+    def __init__(self, s: Spec):
+        super().__init__()
+        self.stem = nn.Linear(48, s.width)
+        self.blocks = nn.ModuleList(MixerBlock(s.seq, s.width, s.sequential_mlp) for _ in range(s.depth))
+        self.norm, self.head = nn.LayerNorm(s.width), nn.Linear(s.width, s.vocab)
+
+    def forward(self, x, y):
+        h = self.stem(x)
+        for blk in self.blocks:
+            h = blk(h)
+        return F.cross_entropy(self.head(self.norm(h).mean(1)), y)
+
+
+class Wrapper(nn.Module):
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.m = inner
+
+    def forward(self, *args):
+        return self.m(*args)
+
+
+FAMILIES = {"lm": LM, "cnn": CNN, "mixer": Mixer}
+
+
+def build(s: Spec) -> tuple[nn.Module, tuple]:
+    torch.manual_seed(s.seed)
+    model = FAMILIES[s.family](s)
+    if s.wrapped:
+        model = Wrapper(model)
+    g = torch.Generator().manual_seed(s.seed)
+    if s.family == "lm":
+        x = torch.randint(0, s.vocab, (s.batch, s.seq), generator=g)
+        y = torch.randint(0, s.vocab, (s.batch, s.seq), generator=g)
+    elif s.family == "cnn":
+        x = torch.randn(s.batch, 3, s.seq, s.seq, generator=g)
+        y = torch.randint(0, s.vocab, (s.batch,), generator=g)
+    else:
+        x = torch.randn(s.batch, s.seq, 48, generator=g)
+        y = torch.randint(0, s.vocab, (s.batch,), generator=g)
+    return model, (x, y)
+
+
+# ---------------------------------------------------------------- drawing cases
+# [Note: one draw, two drivers]
+# A case is drawn from a `random.Random`: hypothesis drives the test through the seed
+# (`cases()`), the benchmark through consecutive seeds. Drawing every choice uniformly from
+# one seed gives far more diverse cases per example than hypothesis's mutation of earlier
+# choices (40 examples of composite strategies drew 26 mixers and 2 LMs).
+
+def draw_spec(rng: random.Random) -> Spec:
+    family = rng.choice(sorted(FAMILIES))
+    common = dict(seed=rng.randrange(2**16), wrapped=rng.random() < 0.3, batch=rng.randint(1, 4))
+    if family == "lm":
+        return Spec(family="lm", depth=rng.randint(1, 4), width=rng.choice([32, 48, 64]),
+                    vocab=rng.choice([256, 1000, 4096, 32000, 65536]), seq=rng.choice([16, 32, 64, 128]),
+                    tied=rng.random() < 0.5, sequential_mlp=rng.random() < 0.5, loss_in_child=rng.random() < 0.5,
+                    repeat=rng.choice([0, 0, 2, 3]), **common)
+    if family == "cnn":
+        return Spec(family="cnn", depth=rng.randint(2, 5), width=rng.choice([8, 16, 24]),
+                    vocab=rng.choice([10, 100]), seq=rng.choice([16, 32]), norm=rng.choice(["batch", "group"]),
+                    **common)
+    return Spec(family="mixer", depth=rng.randint(1, 4), width=rng.choice([32, 64]), vocab=rng.choice([10, 1000]),
+                seq=rng.choice([8, 16, 49]), sequential_mlp=rng.random() < 0.5, **common)
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    strategy: str        # a `--strategy` spec; "auto" plans under `budget_factor`
+    world: int
+    fuse: bool
+    budget_factor: float = 0.0  # auto: budget = factor x the least-memory plan's peak
+    other: str = ""             # mixed: this strategy word for every `every`-th layer from `first`
+    first: int = 0
+    every: int = 0
+
+
+WORDS = ["replicate", "shard_grad_op", "full_shard"]
+
+
+def draw_plan(rng: random.Random) -> PlanSpec:
+    world = rng.choice([2, 8, 64])
+    kind = rng.choice(["uniform", "uniform", "mixed", "auto", "auto"])
+    if kind == "auto":
+        return PlanSpec("auto", world, True, rng.choice([1.0, 1.05, 1.1, 1.3, 2.0]))
+    word = rng.choice(WORDS)
+    spec = word + ("+ckpt" if word != "replicate" and rng.random() < 0.5 else "")
+    if kind == "mixed":  # some layers get another strategy, checkpointed or not
+        other = rng.choice(WORDS)
+        other += "+ckpt" if other != "replicate" and rng.random() < 0.5 else ""
+        return PlanSpec(spec, world, rng.random() < 0.5, other=other, first=rng.randint(0, 2), every=rng.randint(1, 3))
+    return PlanSpec(spec, world, rng.random() < 0.5)
+
+
+def draw_case(seed: int) -> tuple[Spec, PlanSpec]:
+    rng = random.Random(seed)
+    return draw_spec(rng), draw_plan(rng)
+
+
+def cases():
+    """The hypothesis strategy of the tests: a seed, drawn into one case."""
+    return st.integers(0, 2**31 - 1).map(draw_case)
+
+
+# ---------------------------------------------------------------- one case
+
+class Case(dict):
+    """What one generated case measured (a dict, printed by the tests and the bench)."""
+
+
+def plan_for(model: nn.Module, inputs: tuple, ps: PlanSpec, name: str = "generated"):
+    from shardsched.solve.auto import least_memory_peak
+    from shardsched.core.types import Optimizer, Precision
+    cluster = Cluster(world=ps.world, gpus_per_node=ps.world, device=DEVICES["cpu"])
+    profile = trace_profile(model, inputs, name=name, device=DEVICES["cpu"])
+    budget = None
+    if ps.strategy == "auto":
+        least = least_memory_peak(profile, cluster, precision=Precision.FP32, optimizer=Optimizer.ADAM)
+        budget = int(least * ps.budget_factor)
+    strategy = ps.strategy
+    if ps.other:
+        names = [layer.name for layer in profile.layers if layer.name][ps.first::ps.every]
+        strategy += "".join(f",{n}={ps.other}" for n in names)
+    plan = make_plan(profile, cluster, strategy=strategy, memory_budget_bytes=budget, fuse=ps.fuse,
+                     precision="fp32", optimizer="adam")
+    return plan, budget
+
+
+def measure(s: Spec, ps: PlanSpec) -> Case:
+    torch.set_num_threads(1)
+    model, inputs = build(s)
+    plan, budget = plan_for(model, inputs, ps)
+    model, inputs = build(s)  # a fresh copy: parallelize changes the model in place
+    measured = measured_peak(model, inputs, plan)
+    predicted = plan.predicted.peak_bytes
+    return Case(spec=s, plan=ps, predicted=predicted, measured=measured, budget=budget,
+                error=predicted / measured - 1, units=[f"{u.name}:{u.strategy.value}" for u in plan.units])
