@@ -36,7 +36,7 @@ from shardsched.errors import UsageError
 from shardsched.profile import layers as L
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
-from shardsched.profile.workspace import BackwardWorkspace
+from shardsched.profile.workspace import ROOT_TAIL, BackwardWorkspace
 from shardsched.profile.workspace_terms import layer_workspace
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -404,6 +404,17 @@ def _fold(stats: _Stats, ran: list[str], final: list[str]) -> None:
         stats.workspace[target] = max(stats.workspace[target], stats.workspace.pop(k, 0))
 
 
+def _workspace(name: str, params: Sequence[nn.Parameter], st: _Stats) -> int:
+    """`LayerProfile.workspace_bytes`: the root's is its backward tail as measured (its base
+    holds its gradients: [Note: the root's backward tail]); a layer's is its window above
+    the model, and a repeated module's accumulated gradient on top."""
+    if name == L.ROOT:
+        return max(st.workspace.get(ROOT_TAIL, 0), st.workspace.get(L.ROOT, 0))
+    return layer_workspace(st.workspace.get(name, 0), st.acts.get(name, 0),
+                           sum(p.numel() for p in params) * st.itemsize, st.outside_largest.get(name, 0)) \
+        + _accumulated_grad(name, params, st)
+
+
 def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: DeviceSpec,
            kids: tuple = ()) -> LayerProfile:
     fwd, bwd = dict(st.flops["fwd"].get(name, {})), dict(st.flops["bwd"].get(name, {}))
@@ -413,9 +424,7 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         forward_seconds=device.compute_seconds(fwd) + st.moved["fwd"].get(name, 0) / bw,
         backward_seconds=device.compute_seconds(bwd) + st.moved["bwd"].get(name, 0) / bw,
         activation_bytes=st.acts.get(name, 0),
-        workspace_bytes=layer_workspace(st.workspace.get(name, 0), st.acts.get(name, 0),
-                                        sum(p.numel() for p in params) * st.itemsize, st.outside_largest.get(name, 0))
-        + _accumulated_grad(name, params, st),
+        workspace_bytes=_workspace(name, params, st),
         input_bytes=st.inputs.get(name, 0), outside_bytes=st.outside.get(name, 0), calls=max(1, st.calls.get(name, 1)),
         forward_flops=fwd,
         backward_flops=bwd,

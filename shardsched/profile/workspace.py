@@ -37,6 +37,17 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 
 
+# [Note: the root's backward tail]
+# What runs in backward after the last layer window closes is the root module's own
+# backward: the embedding lookup of a model whose embedding the root unit holds (a tied
+# embedding), its weight gradient accumulated into the root's. That window's base already
+# holds the root's gradient (the tied head's, produced at the start of backward), so its
+# peak above the base is exactly what the root unit's backward step adds on top of its
+# gradients (`sim.memory._backward`): a new (vocab, hidden) gradient and the sum, two
+# of them (an LM with a 64k vocabulary was 17% under without it). Kept under ROOT_TAIL.
+ROOT_TAIL = "<root-tail>"
+
+
 class BackwardWorkspace(TorchDispatchMode):
     """Enter it around forward and backward; `workspace[name]` then holds each hooked
     module's backward workspace in bytes ([Note: what the backward workspace is])."""
@@ -50,6 +61,7 @@ class BackwardWorkspace(TorchDispatchMode):
         for t in persistent:
             self._seen[t.untyped_storage()] = 0
         self._open: dict[str, list[int]] = {}  # name -> [base, peak]
+        self._tail: list[int] | None = None  # [base, peak] once every window has closed
         self.workspace: dict[str, int] = {}
         self.handles = []
         for name in [*(n for n in layers if n), *children]:
@@ -78,6 +90,8 @@ class BackwardWorkspace(TorchDispatchMode):
             self._track(t)
         for window in self._open.values():
             window[1] = max(window[1], self.live)
+        if self._tail is not None:
+            self._tail[1] = max(self._tail[1], self.live)
         return out
 
     def _incoming(self, grads) -> int:
@@ -89,6 +103,7 @@ class BackwardWorkspace(TorchDispatchMode):
     def _attach(self, module: nn.Module, name: str) -> None:
         def bwd_pre(m, grad_output):
             self._open[name] = [self.live - self._incoming(grad_output), self.live]
+            self._tail = None  # code between two layers' backward: not the root's tail
 
         def bwd_post(m, grad_input, grad_output):
             if name in self._open and not all(g is None for g in grad_input):
@@ -100,11 +115,16 @@ class BackwardWorkspace(TorchDispatchMode):
     def _close(self, name: str) -> None:
         base, peak = self._open.pop(name)
         self.workspace[name] = max(self.workspace.get(name, 0), peak - base)
+        if not self._open:
+            self._tail = [self.live, self.live]
 
     def finish(self) -> dict[str, int]:
         """Close the windows still open (layers without input gradients); remove the hooks."""
+        tail = self._tail
         for name in list(self._open):
             self._close(name)
+        if tail is not None:  # [Note: the root's backward tail]
+            self.workspace[ROOT_TAIL] = tail[1] - tail[0]
         for h in self.handles:
             h.remove()
         self.handles = []

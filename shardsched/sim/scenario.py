@@ -150,6 +150,8 @@ class Scenario:
     def forward_bytes(self, i: int) -> int:
         """Activations and transients of unit i's own at the peak of its forward."""
         u = self.units[i]
+        if u.layers == ("",):  # the root's own forward is the code before the first layer;
+            return u.activation_bytes  # its workspace is its backward tail (profile.workspace)
         return u.input_bytes + u.workspace_bytes // 2 if self.ckpt(i) else u.forward_peak()
 
     def backward_bytes(self, i: int) -> tuple[int, int]:
