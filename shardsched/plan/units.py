@@ -137,7 +137,9 @@ def unit_cost(layers: list[LayerProfile]) -> UnitCost:
                     checkpointed_lead_bytes=sum(map(kept_when_checkpointed, layers[:-1])) + last_input,
                     workspace_bytes=workspace_bytes(layers),
                     input_bytes=sum(map(kept_when_checkpointed, layers)),
-                    layer_bytes=layer_bytes(layers))
+                    layer_bytes=layer_bytes(layers),
+                    layer_dims=tuple(layer.dims for layer in layers) if all(
+                        layer.dims or not layer.params for layer in layers) else ())
 
 
 def group_layers(profile: Profile, strategies: list, *, block_params: int) -> list[list[int]]:

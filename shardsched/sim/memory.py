@@ -100,7 +100,9 @@ class _Live:
         self.held = [held_after_forward(s, b, cl) for s, b in zip(sc.strategies, self.unsharded)]
         self.retained = [sc.retained_bytes(i) for i in range(sc.n)]
         self.ugrad = [u.params * sb.unsharded_grad for u in sc.units]
-        self.rsbuf = [u.padded_numel(k) * sb.reduce for u, k in zip(sc.units, n)]
+        self.rsbuf = [u.module_reduce_numel(k, last=False) * sb.reduce for u, k in zip(sc.units, n)]
+        # what stays retained after a unit's backward: its last-reduced module's input
+        self.rs_kept = [u.module_reduce_numel(k, last=True) * sb.reduce for u, k in zip(sc.units, n)]
         # A replicate unit is a shard group of one: FSDP2 copies its shards straight into
         # the unsharded parameters (`FSDPParamGroup.unshard` / `wait_for_unshard`,
         # `world_size == 1`): no AllGather output exists and none is held over.
@@ -116,6 +118,7 @@ class _Live:
         if self.ddp:
             zero = [0] * sc.n
             self.ugrad, self.rsbuf, self.agbuf, self.pend, self.root_grad = zero, zero, zero, zero, 0
+            self.rs_kept = zero
 
     def unsharded_live(self, s: int, *, exclude: int = -1) -> int:
         """Parameters gathered (or held after forward) and not yet freed at step s;
@@ -203,7 +206,7 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
     sc = live.sc
     i = 2 * sc.n - 1 - s
     grads = live.sharded_grads(s) + (live.root_grad if holds_root_grad(i, sc.n) else 0)
-    held_rs = live.rsbuf[i + 1] if i + 1 < sc.n else 0
+    held_rs = live.rs_kept[i + 1] if i + 1 < sc.n else 0
     pending = live.pending_gathers(s, include_launched_here=True)
     # Backward frees the unit's activations as it produces its gradients: at the
     # start all activations are live, at the end all gradients; the workspace

@@ -47,6 +47,20 @@ class UnitCost:
     parameters, bytes live while it is recomputed), for the moments inside its backward ([Note: checkpointed units, layer
     by layer] in `plan.units`)."""
 
+    layer_dims: tuple[tuple[tuple[int, int], ...], ...] = ()
+    """`dims` per layer (for the per-module ReduceScatter inputs of a fused unit); () = unknown."""
+
+    def module_reduce_numel(self, n: int, *, last: bool) -> int:
+        """Elements of one module's ReduceScatter input over n shards: FSDP2 (torch 2.13)
+        reduces a fused unit module by module ([Note: checkpointed units, layer by layer] in
+        plan/units.py), so the input retained after the unit's backward is its first layer's
+        (the last to run backward; `last=True`), and the largest its own reduce holds is its
+        largest layer's. A unit of one layer, or without per-layer dims: the whole unit's."""
+        if len(self.layers) < 2 or len(self.layer_dims) != len(self.layers):
+            return self.padded_numel(n)
+        sizes = [n * shard_numel(sum(d for _, d in dims), dims, n) if dims else 0 for dims in self.layer_dims]
+        return sizes[0] if last else max(sizes)
+
     def checkpointed_backward(self, reduce_bytes: float) -> tuple[int, int]:
         """Its own bytes at the peak of its backward when checkpointed, as (at its last
         layer, the most at its other layers): layer k is recomputed while the layers

@@ -82,8 +82,8 @@ class Evaluator:
             extra = extra_gather(unit, ch.strategies[i]) * unsh[i] + (lead if len(unit.layers) > 1 else 0)
             out.append(pers + U[i] + max(u + prev + self.act[i] + exc[i],
                                          u + extra + self.act[i] + inc[i],
-                                         u + self.act[i + 1] + c.ws[i] // 2 + inc[i]))
-        rs = [c.rs_by[i][s] for i, s in enumerate(ch.strategies)]
+                                         u + self.act[i] + c.fwd_own[i][ck] + inc[i]))
+        rs = [(c.rs_by[i][s], c.rs_kept_by[i][s]) for i, s in enumerate(ch.strategies)]
         for s in range(n, 2 * n):
             out.append(self._backward(ch, s, pers, U, G, inc, exc, unsh, rs, held))
         out.append(pers + G[0] + int(c.opt_factor * shard.sum() * sb.param))
@@ -92,16 +92,16 @@ class Evaluator:
     def _backward(self, ch, s, pers, U, G, inc, exc, unsh, rs, held) -> float:
         c, n = self.c, self.p.n
         i = 2 * n - 1 - s
-        held_rs = rs[i + 1] if i + 1 < n else 0
+        held_rs = rs[i + 1][1] if i + 1 < n else 0
         base = pers + U[i] + G[i + 1] + (c.root_grad if holds_root_grad(i, n) else 0)
         u = unsh[i]
         ck = bool(ch.ckpt and ch.ckpt[i])
-        own, later = c.ckbwd[i] if ck else (c.act[i] + c.ws[i], 0)  # `Scenario.backward_bytes`
+        own, later = c.ckbwd[i] if ck else (c.bwd_own[i], 0)  # `Scenario.backward_bytes`
         own_sharded = G[i] - G[i + 1]  # its modules done reduced theirs (`sim.memory._backward`)
         m = max(u + self.act[i] + own + held_rs + inc[s],  # backward starts (checkpointed: recomputed)
                 u + self.act[i] + later + own_sharded + inc[s] if later else 0,  # a checkpointed unit's earlier layers
                 u + c.ugrad[i] + self.act[i] + c.ws[i] + held_rs + inc[s],  # backward ends
-                c.ugrad[i] + self.act[i] + rs[i] + inc[s])  # reduce
+                c.ugrad[i] + self.act[i] + rs[i][0] + inc[s])  # reduce
         regather = c.regather[i][ck]  # a later module's copy-out (`Scenario.regather_bytes`)
         if regather:
             m = max(m, u + forward_gathers(self.p.costs[i], ch.strategies[i]) * u + self.act[i] + regather

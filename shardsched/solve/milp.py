@@ -47,6 +47,7 @@ Big-M deadlines give weak LP bounds; the warm start is what makes HiGHS fast.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import NamedTuple
@@ -163,6 +164,12 @@ class Costs(NamedTuple):
     regather: list[tuple[int, int]]
     """A unit's own bytes when a later module gathers again in its backward, plain and
     checkpointed (`UnitCost.backward_regather`)."""
+    fwd_own: list[tuple[int, int]]
+    """A unit's own bytes at the peak of its forward, plain and checkpointed (`Scenario.forward_bytes`)."""
+    bwd_own: list[int]
+    """A unit's own bytes as its backward starts, not checkpointed (`UnitCost.backward_peak`)."""
+    rs_kept_by: list[dict]
+    """Reduction input retained after its backward, per strategy (`UnitCost.module_reduce_numel`)."""
     lead: list[int]
     cklead: list[int]
     """Activations live when a unit's last module starts, plain and checkpointed."""
@@ -181,7 +188,9 @@ def costs_of(p: Problem) -> Costs:
     # FSDP2 pads dim 0 to the strategy's shard count (`UnitCost.padded_numel`,
     # `cost.strategy.shard_count`): every size that depends on the strategy is per strategy.
     unsh_by = [{k: c.padded_numel(shard_count(k, cl)) * sb.unsharded_param for k in ks} for c in p.costs]
-    rs_by = [{k: c.padded_numel(shard_count(k, cl)) * sb.reduce for k in ks} for c in p.costs]
+    rs_by = [{k: c.module_reduce_numel(shard_count(k, cl), last=False) * sb.reduce for k in ks} for c in p.costs]
+    rs_kept_by = [{k: c.module_reduce_numel(shard_count(k, cl), last=True) * sb.reduce for k in ks} for c in p.costs]
+    plain, ckpt = sc, dataclasses.replace(sc, checkpoint=(True,) * sc.n)  # for `Scenario.forward_bytes`
     return Costs(agf=[{k: gather_seconds(k, b[k], cl, backward=False) for k in ks} for b in unsh_by],
                  agb=[{k: gather_seconds(k, b[k], cl, backward=True) if k.gathers_for_backward else 0.0 for k in ks}
                       for b in unsh_by],
@@ -199,6 +208,8 @@ def costs_of(p: Problem) -> Costs:
                  ckbwd=[c.checkpointed_backward(sb.reduce) for c in p.costs],
                  regather=[(c.backward_regather(sb.reduce, checkpointed=False),
                             c.backward_regather(sb.reduce, checkpointed=True)) for c in p.costs],
+                 fwd_own=[(plain.forward_bytes(i), ckpt.forward_bytes(i)) for i in range(sc.n)],
+                 bwd_own=[c.backward_peak() for c in p.costs], rs_kept_by=rs_kept_by,
                  lead=[c.lead_activation_bytes for c in p.costs], cklead=[c.checkpointed_lead_bytes for c in p.costs],
                  state=sb, input_bytes=sc.input_bytes, opt_factor=sc.optimizer_workspace_factor,
                  opt_per_param=optimizer_seconds_per_param(sb, cl))
@@ -429,8 +440,9 @@ class _Build:
             if len(unit.layers) > 1:  # its last module starts (and gathers again when it reshards)
                 self._mem(i, _add(_add(_add(live, extra), a0), self._pending(i, inclusive=True)),
                           k0 + (c.lead[i] + c.input_bytes) * g, cap)
-            self._mem(i, _add(_add(live, a1), self._pending(i, inclusive=True)),
-                      k1 + (c.ws[i] // 2 + c.input_bytes) * g, cap)
+            fplain, fck = c.fwd_own[i]  # its own forward peak (`Scenario.forward_bytes`)
+            self._mem(i, _add(_add(_add(live, a0), self._pending(i, inclusive=True)), self._ck_term(i, fck - fplain)),
+                      k0 + (fplain + c.input_bytes) * g, cap)
         for s in range(n, 2 * n):
             self._backward_rows(s, base, cap)
         opt = {self.PP: 1.0 + c.opt_factor, self.PO: 1.0, self.G[0]: 1.0}
@@ -443,7 +455,7 @@ class _Build:
         its backward AllGather when its strategy gathers for backward."""
         c, n, g = self.c, self.n, 1.0 / GiB
         i = 2 * n - 1 - s
-        held_rs = self.zexpr(i + 1, {k: v * g for k, v in c.rs_by[i + 1].items() if k in self.z[i + 1]}) \
+        held_rs = self.zexpr(i + 1, {k: v * g for k, v in c.rs_kept_by[i + 1].items() if k in self.z[i + 1]}) \
             if i + 1 < n else {}
         u = self.zexpr(i, {k: c.unsh_by[i][k] * g for k in self.z[i]})
         live = _add(base, {self.U[i]: 1.0, self.G[i + 1]: 1.0})
@@ -451,8 +463,8 @@ class _Build:
         pend = _add(_add(live, a0), self._pending(s, inclusive=True))
         inp = c.input_bytes + (c.root_grad if holds_root_grad(i, n) else 0)  # `sim.memory.root_grad_bytes`
         last, later = c.ckbwd[i]
-        start = _add(_add(_add(pend, u), held_rs), self._ck_term(i, last - c.act[i] - c.ws[i]))
-        self._mem(s, start, k0 + (c.act[i] + c.ws[i] + inp) * g, cap)
+        start = _add(_add(_add(pend, u), held_rs), self._ck_term(i, last - c.bwd_own[i]))
+        self._mem(s, start, k0 + (c.bwd_own[i] + inp) * g, cap)
         own_sharded = {self.G[i]: 1.0, self.G[i + 1]: -1.0}  # its modules done reduced theirs
         if later and self.ck[i] is not None:  # its earlier layers recomputed (uncheckpointed: below the row above)
             self._mem(s, _add(_add(_add(pend, u), own_sharded), self._ck_term(i, later)), k0 + inp * g, cap)
