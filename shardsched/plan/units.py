@@ -66,7 +66,9 @@ def workspace_bytes(layers: list[LayerProfile]) -> int:
     """Transient bytes while a unit computes: its layers run one at a time, so the
     largest layer workspace (gradients of its largest saved tensors, materialised
     next to the activations during backward)."""
-    return max((layer.workspace_bytes or layer.activation_bytes // 2 for layer in layers), default=0)
+    return max(((layer.workspace_bytes or layer.activation_bytes // 2)
+                + (layer.outside_workspace_bytes if k + 1 < len(layers) else 0) for k, layer in enumerate(layers)),
+               default=0)
 
 
 def unit_dims(layers: list[LayerProfile]) -> tuple[tuple[int, int], ...]:
@@ -115,12 +117,20 @@ def recomputed_bytes(layer: LayerProfile) -> int:
     return layer.activation_bytes if c == 1 else layer.activation_bytes // c + kept - kept // c
 
 
-def layer_bytes(layers: list[LayerProfile]) -> tuple[tuple[int, int, int, int, int], ...]:
+def layer_bytes(layers: list[LayerProfile]) -> tuple[tuple[int, int, int, int, int, int], ...]:
     """(kept when checkpointed, activations, workspace, parameters, bytes live while it is
-    recomputed) per layer."""
-    return tuple((kept_when_checkpointed(layer), layer.activation_bytes,
-                  layer.workspace_bytes or layer.activation_bytes // 2, layer.params, recomputed_bytes(layer))
-                 for layer in layers)
+    recomputed, forward transient) per layer. The outside code of a layer other than the
+    unit's last runs its backward inside the unit's backward: on top of that layer's
+    workspace; the last layer's is a moment of its own (`UnitCost.outside_workspace_bytes`).
+    In forward, the tensor being produced next to what is saved: half the larger of the
+    layer's and its outside code's backward workspaces (each is two such tensors)."""
+    out = []
+    for k, layer in enumerate(layers):
+        ws = layer.workspace_bytes or layer.activation_bytes // 2
+        ows = layer.outside_workspace_bytes
+        out.append((kept_when_checkpointed(layer), layer.activation_bytes, ws + (ows if k + 1 < len(layers) else 0),
+                    layer.params, recomputed_bytes(layer), max(ws, ows) // 2))
+    return tuple(out)
 
 
 def unit_cost(layers: list[LayerProfile]) -> UnitCost:
@@ -136,6 +146,7 @@ def unit_cost(layers: list[LayerProfile]) -> UnitCost:
                     lead_activation_bytes=sum(layer.activation_bytes for layer in layers[:-1]) + last_input,
                     checkpointed_lead_bytes=sum(map(kept_when_checkpointed, layers[:-1])) + last_input,
                     workspace_bytes=workspace_bytes(layers),
+                    outside_workspace_bytes=layers[-1].outside_workspace_bytes,
                     input_bytes=sum(map(kept_when_checkpointed, layers)),
                     layer_bytes=layer_bytes(layers),
                     layer_dims=tuple(layer.dims for layer in layers) if all(

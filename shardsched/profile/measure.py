@@ -21,7 +21,7 @@ from shardsched.profile import layers as L
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.profile.workspace import BackwardWorkspace
-from shardsched.profile.workspace_terms import layer_workspace
+from shardsched.profile.workspace_terms import layer_workspace, outside_workspace
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -293,6 +293,7 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
                             activation_bytes=mem.acts.get(n, 0),
                             workspace_bytes=layer_workspace(mem.workspace.get(n, 0), mem.acts.get(n, 0), grad_bytes,
                                                             mem.outside_largest.get(n, 0)),
+                            outside_workspace_bytes=outside_workspace(mem.outside_largest.get(n, 0)),
                             input_bytes=hooks.input_bytes.get(n, 0), outside_bytes=mem.outside.get(n, 0),
                             children=kids)
 

@@ -37,7 +37,7 @@ from shardsched.profile import layers as L
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.profile.workspace import ROOT_TAIL, BackwardWorkspace
-from shardsched.profile.workspace_terms import layer_workspace
+from shardsched.profile.workspace_terms import layer_workspace, outside_workspace
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TAG = "shardsched_layer"
@@ -425,6 +425,7 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         backward_seconds=device.compute_seconds(bwd) + st.moved["bwd"].get(name, 0) / bw,
         activation_bytes=st.acts.get(name, 0),
         workspace_bytes=_workspace(name, params, st),
+        outside_workspace_bytes=outside_workspace(st.outside_largest.get(name, 0)) if name != L.ROOT else 0,
         input_bytes=st.inputs.get(name, 0), outside_bytes=st.outside.get(name, 0), calls=max(1, st.calls.get(name, 1)),
         forward_flops=fwd,
         backward_flops=bwd,

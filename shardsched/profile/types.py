@@ -42,6 +42,11 @@ class LayerProfile:
     profilers folded into it (a loss or a tied head after the last layer, a dropout
     between layers): checkpointing the layer does not recompute that code, so a
     checkpointed layer keeps these bytes next to its inputs."""
+    outside_workspace_bytes: int = 0
+    """Transient bytes of the backward of the code outside the layer folded into it (a loss,
+    a tied head after the last layer), which runs before the layer's own backward and before
+    FSDP2 gathers its unit for backward (`sim.memory`): two of the largest tensor that code
+    saved. 0 = none, or included in `workspace_bytes` (analytic profiles)."""
     calls: int = 1
     """Times its module runs in one forward (ALBERT's shared layer: once per depth).
     Parameters and workspace count once; `activation_bytes` and `input_bytes` are the

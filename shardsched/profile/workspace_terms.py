@@ -15,7 +15,16 @@ def above_model(measured: int, activation_bytes: int, grad_bytes: int) -> int:
 
 
 def layer_workspace(measured: int, activation_bytes: int, grad_bytes: int, outside_largest: int) -> int:
-    """A layer's `workspace_bytes`: its measured window above the model, or the backward of
-    the code outside it folded into it (two of the largest tensor that code saved), whichever
-    is larger ([Note: what the backward workspace is])."""
-    return max(above_model(measured, activation_bytes, grad_bytes), 2 * outside_largest)
+    """A layer's `workspace_bytes`: its measured window above the model. The backward of code
+    outside it that was folded into it runs before its window opens (a loss after the last
+    layer: before FSDP2 gathers the unit for backward), so that is a moment of its own
+    (`outside_workspace`), not part of this ([Note: what the backward workspace is])."""
+    del outside_largest  # kept in the signature: callers pass what they measured
+    return above_model(measured, activation_bytes, grad_bytes)
+
+
+def outside_workspace(outside_largest: int) -> int:
+    """`LayerProfile.outside_workspace_bytes`: the backward of the code outside the layer folded
+    into it, two of the largest tensor that code saved (cross-entropy's gradients of its
+    (T, vocab) inputs)."""
+    return 2 * outside_largest

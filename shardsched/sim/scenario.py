@@ -42,11 +42,14 @@ class UnitCost:
     code outside them saved (`LayerProfile.outside_bytes`: not recomputed)."""
     checkpointed_lead_bytes: int = 0
     """`lead_activation_bytes` when checkpointed: its other layers keep only their inputs."""
-    layer_bytes: tuple[tuple[int, int, int, int, int], ...] = ()
+    layer_bytes: tuple[tuple[int, int, int, int, int, int], ...] = ()
     """Per layer, in forward order: (bytes kept when checkpointed, activations, workspace,
-    parameters, bytes live while it is recomputed), for the moments inside its backward ([Note: checkpointed units, layer
+    parameters, bytes live while it is recomputed, forward transient), for the moments inside its backward ([Note: checkpointed units, layer
     by layer] in `plan.units`)."""
 
+    outside_workspace_bytes: int = 0
+    """Transient of the backward of code outside its last layer (a loss after it), which runs
+    before FSDP2 gathers the unit for backward (`LayerProfile.outside_workspace_bytes`)."""
     layer_dims: tuple[tuple[tuple[int, int], ...], ...] = ()
     """`dims` per layer (for the per-module ReduceScatter inputs of a fused unit); () = unknown."""
 
@@ -69,7 +72,7 @@ class UnitCost:
         k+1) while layer k runs. At its last layer that input is the previous unit's (the
         simulator's)."""
         layers, before, last, inner = self.layer_bytes, 0, 0, 0
-        for k, (kept, _, ws, _, redo) in enumerate(layers):
+        for k, (kept, _, ws, _, redo, _) in enumerate(layers):
             if k + 1 < len(layers):
                 inner = max(inner, int(before + redo + ws + layers[k + 1][3] * reduce_bytes))
             else:
@@ -86,7 +89,7 @@ class UnitCost:
         if not self.layer_bytes:
             return self.activation_bytes + self.workspace_bytes
         best, acts = 0, 0
-        for _, act, ws, _, _ in self.layer_bytes:
+        for _, act, ws, _, _, _ in self.layer_bytes:
             acts += act
             best = max(best, acts + ws)
         return best
@@ -98,9 +101,9 @@ class UnitCost:
         if not self.layer_bytes:
             return self.activation_bytes + self.workspace_bytes // 2
         best, acts = 0, 0
-        for _, act, ws, _, _ in self.layer_bytes:
+        for _, act, _, _, _, produced in self.layer_bytes:
             acts += act
-            best = max(best, acts + ws // 2)
+            best = max(best, acts + produced)
         return best
 
     def backward_regather(self, reduce_bytes: float, *, checkpointed: bool) -> int:
@@ -109,7 +112,7 @@ class UnitCost:
         checkpointed: k not yet recomputed) and layer k+1's ReduceScatter input."""
         best, acts = 0, 0
         for k in range(len(self.layer_bytes) - 1):
-            kept, act, _, _, _ = self.layer_bytes[k]
+            kept, act, _, _, _, _ = self.layer_bytes[k]
             acts += kept if checkpointed else act
             best = max(best, int(acts + self.layer_bytes[k + 1][3] * reduce_bytes))
         return best
@@ -166,7 +169,10 @@ class Scenario:
         u = self.units[i]
         if u.layers == ("",):  # the root's own forward is the code before the first layer;
             return u.activation_bytes  # its workspace is its backward tail (profile.workspace)
-        return u.input_bytes + u.workspace_bytes // 2 if self.ckpt(i) else u.forward_peak()
+        if self.ckpt(i):  # its layers keep their inputs; the largest tensor being produced
+            produced = max((b[5] for b in u.layer_bytes), default=u.workspace_bytes // 2)
+            return u.input_bytes + produced
+        return u.forward_peak()
 
     def backward_bytes(self, i: int) -> tuple[int, int]:
         """Activations and workspace of unit i's own as its backward starts, next to the

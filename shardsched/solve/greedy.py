@@ -102,6 +102,9 @@ class Evaluator:
                 u + self.act[i] + later + own_sharded + inc[s] if later else 0,  # a checkpointed unit's earlier layers
                 u + c.ugrad[i] + self.act[i] + c.ws[i] + held_rs + inc[s],  # backward ends
                 c.ugrad[i] + self.act[i] + rs[i][0] + inc[s])  # reduce
+        outside = self.p.costs[i].outside_workspace_bytes  # the loss's backward, before it gathers
+        if outside:
+            m = max(m, held[i] + self.act[i + 1] + outside + held_rs + exc[s])
         regather = c.regather[i][ck]  # a later module's copy-out (`Scenario.regather_bytes`)
         if regather:
             m = max(m, u + forward_gathers(self.p.costs[i], ch.strategies[i]) * u + self.act[i] + regather

@@ -468,6 +468,11 @@ class _Build:
         own_sharded = {self.G[i]: 1.0, self.G[i + 1]: -1.0}  # its modules done reduced theirs
         if later and self.ck[i] is not None:  # its earlier layers recomputed (uncheckpointed: below the row above)
             self._mem(s, _add(_add(_add(pend, u), own_sharded), self._ck_term(i, later)), k0 + inp * g, cap)
+        outside = self.p.costs[i].outside_workspace_bytes
+        if outside:  # the loss's backward before the unit gathers (`sim.memory` [Note: the loss ...])
+            held = self.zexpr(i, {k: c.held[i][k] * g for k in self.z[i]})
+            self._mem(s, _add(_add(_add(_add(live, a1), held), held_rs), self._pending(s, inclusive=False)),
+                      k1 + (outside + inp) * g, cap)
         plain, ckpt = c.regather[i]
         if plain or ckpt:  # a later module's copy-out: its AllGather output beside the unsharded copy
             unit = self.p.costs[i]
