@@ -144,6 +144,43 @@ def hf_builder(body: str) -> tuple[Callable[..., tuple["nn.Module", tuple]], boo
 
     def build(*, micro_batch: int = 2, seq: int | None = None, device: str = "cpu", seed: int = 0):
         from shardsched.models.hf_task import build_task
-        return build_task(config, task, micro_batch=micro_batch, seq=seq, device=device, seed=seed)
+        model, inputs = build_task(config, task, micro_batch=micro_batch, seq=seq, device=device, seed=seed)
+        training_defaults(model)
+        return model, inputs
 
     return build, task != "vision"
+
+
+# ---------------------------------------------------------------- training defaults
+# [Note: training defaults that change memory] Hugging Face models default to generation
+# settings: `config.use_cache=True` makes every decoder layer return its keys and values
+# (a `DynamicCache` the model keeps), so a checkpointed layer's K/V stay alive after its
+# forward and its recomputation appends to the cache a second time, which crashes Gemma-2,
+# Falcon and Whisper at the first backward. transformers turns it off itself when its own
+# gradient checkpointing is on (`use_cache=True` is incompatible with gradient checkpointing);
+# so does shardsched, whatever the plan, so profile and run agree, for every `hf:` model and
+# every `python:` model holding a `PreTrainedModel`, and says so in one line (recorded on the
+# model, `profile.layers.NOTES_ATTR`: profiles copy it into `Profile.extra["notes"]`, plans
+# into `Plan.notes`).
+
+
+def _is_pretrained(module) -> bool:
+    """A transformers `PreTrainedModel`, without importing transformers."""
+    return any(c.__name__ == "PreTrainedModel" for c in type(module).__mro__)
+
+
+def training_defaults(model: "nn.Module") -> tuple[str, ...]:
+    """Turn off the KV cache of every HF model inside `model` ([Note: training defaults
+    that change memory]); returns (and records on `model`) the notes saying so."""
+    caching = [m for m in model.modules()
+               if _is_pretrained(m) and getattr(getattr(m, "config", None), "use_cache", False)]
+    changed = sorted({type(m).__name__ for m in caching})
+    for m in caching:
+        m.config.use_cache = False
+    from shardsched.profile.layers import NOTES_ATTR, model_notes
+    notes = model_notes(model)
+    if changed:
+        notes += (f"use_cache=False set on {', '.join(changed)} for training (Hugging Face's default KV cache "
+                  f"keeps keys and values alive and grows again when checkpointed layers recompute)",)
+        object.__setattr__(model, NOTES_ATTR, notes)
+    return notes

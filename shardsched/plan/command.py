@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -20,6 +21,7 @@ from shardsched._flags import check_int, check_positive_float, flag, reject_empt
 from shardsched._paths import atomic_write, check_writable_file
 from shardsched.plan.validate import check_plan_layers, read_plan_file
 from shardsched.models.spec import PRESETS, parse_model_spec
+from shardsched.profile.layers import profile_notes
 from shardsched.profile.resolve import profile_for
 
 
@@ -108,6 +110,7 @@ def run_plan(args: argparse.Namespace) -> int:
         strategy = args.strategy or ("auto" if budget else "full_shard")
         plan = make_plan(profile, cluster, strategy=strategy, precision=precision, optimizer=args.optimizer,
                          memory_budget_bytes=budget, fuse=not args.no_fuse, time_limit=args.time_limit)
+    plan = dataclasses.replace(plan, notes=plan.notes + profile_notes(profile))  # e.g. use_cache=False
     if budget is not None and plan.predicted.peak_bytes > budget:
         # Reported, never silently accepted: the plan is still shown (and saved) for inspection.
         sys.stderr.write(f"shardsched plan: warning: predicted peak {plan.predicted.peak_bytes} bytes exceeds "

@@ -39,6 +39,24 @@ from shardsched.errors import UsageError
 
 CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 ROOT = ""
+NOTES_ATTR = "shardsched_notes"
+"""Attribute of a built model: one-line notes on what shardsched set on it for training
+(`models.hf.training_defaults`); profiles copy them into `Profile.extra["notes"]`."""
+
+
+def model_notes(model: nn.Module) -> tuple[str, ...]:
+    return tuple(getattr(model, NOTES_ATTR, ()))
+
+
+def notes_extra(model: nn.Module) -> dict:
+    """{"notes": [...]} for `Profile.extra` when the model carries notes, else {}."""
+    notes = model_notes(model)
+    return {"notes": list(notes)} if notes else {}
+
+
+def profile_notes(profile) -> tuple[str, ...]:
+    """The notes a profile carries (plans append them to `Plan.notes`)."""
+    return tuple(profile.extra.get("notes", ()))
 
 
 def owns_params(module: nn.Module) -> bool:

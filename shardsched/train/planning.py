@@ -102,7 +102,8 @@ def make_local_plan(cfg: TrainConfig, built: Built, *, world: int, profile: Prof
                  f"shard_grad_op everywhere (give --memory-budget or --strategy to choose)",)
     plan = make_plan(profile, cluster, strategy=cfg.strategy or "auto",
                      precision=precision, optimizer="adam", memory_budget_bytes=budget)
-    return dataclasses.replace(plan, notes=plan.notes + notes)
+    from shardsched.profile.layers import profile_notes
+    return dataclasses.replace(plan, notes=plan.notes + notes + profile_notes(profile))
 
 
 def obtain_plan(cfg: TrainConfig, built: Built, *, mesh: DeviceMesh, rank: int) -> Plan:
