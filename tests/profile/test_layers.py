@@ -74,3 +74,20 @@ def test_bad_layers_is_one_line_exit_2(capsys, layers, message):
     assert main(["plan", "--model", f"python:{MODELS}:custom_mlp", "--layers", layers]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_train_plans_with_layers_and_refuses_bad_ones(tmp_path, capsys):
+    """`train --layers`: the run's plan (made on rank 0, `train.planning.make_local_plan`) uses
+    the named layers; a name that matches nothing stops the run before any worker starts."""
+    from shardsched.train.config import TrainConfig
+    from shardsched.train.planning import make_local_plan
+    from shardsched.train.task import build
+    cfg = TrainConfig(model=f"python:{MODELS}:custom_mlp", layers="MLP,embed,head", strategy="full_shard",
+                      run_dir=str(tmp_path / "run"))
+    plan = make_local_plan(cfg, build(cfg, world=2), world=2)
+    assert [layer for u in plan.units for layer in u.layers] == [
+        "embed", *(f"blocks.{i}.{c}" for i in range(4) for c in ("norm", "mlp")), "head"]
+    assert main(["train", "--model", f"python:{MODELS}:custom_mlp", "--layers", "Nope", "--nproc", "2",
+                 "--steps", "2", "--run-dir", str(tmp_path / "bad")]) == 2
+    assert "'Nope' names no module" in capsys.readouterr().err
+    assert not (tmp_path / "bad" / "plan.json").exists()
