@@ -271,6 +271,12 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
     try:
         mem = _measure_memory(run_model, run_inputs, hooks, list(hooks.parent))
         fwd, bwd = _timed_steps(run_model, run_inputs, hooks, repeats=repeats, warmup=warmup)
+    except UsageError:
+        raise
+    except Exception as e:  # the model's own code failed in forward or backward: one line, not a traceback
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"cannot run the model's forward and backward to measure it ({type(e).__name__}: "
+                         f"{msg[:200]})") from None
     finally:
         hooks.remove()
         for p, g in saved_grads.items():
