@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import sys
 import warnings
 from collections import defaultdict
 from typing import Any, Sequence
@@ -31,7 +32,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 import torch.utils.flop_counter as fc
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -105,6 +106,36 @@ class _FakeRules(TorchDispatchMode):
         except Exception:
             self.failed = self.failed or str(func)
             raise
+
+
+# [Note: HF causal masks on fake tensors]
+# transformers (masking_utils.find_packed_sequence_indices) decides whether a batch packs
+# several sequences per row by reading the position ids; it cannot read a fake tensor, so
+# under FakeTensorMode it assumes packing and builds an explicit (batch, 1, T, T) mask, and
+# SDPA then repeats K/V for grouped-query attention. Real tensors (the run) skip both:
+# positions a model makes itself are one sequence per row. The trace traced another program
+# than the one that runs (Llama with GQA: +9% activations). During the trace, a fake position
+# tensor therefore counts as one sequence per row, as transformers answers for real ones.
+
+
+@contextlib.contextmanager
+def _hf_one_sequence_per_row():
+    masking = sys.modules.get("transformers.masking_utils")
+    original = getattr(masking, "find_packed_sequence_indices", None)
+    if original is None:
+        yield
+        return
+
+    def find(position_ids, *args, **kwargs):
+        if isinstance(position_ids, FakeTensor):
+            return None
+        return original(position_ids, *args, **kwargs)
+
+    masking.find_packed_sequence_indices = find
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = original
 
 
 @contextlib.contextmanager
@@ -309,7 +340,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         return t
 
     try:
-        with _quiet_fake_tensor_log(), mode, rules, _Counter(tracer), _Tagger(tracer), ws, warnings.catch_warnings():
+        with _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, rules, _Counter(tracer), _Tagger(tracer), ws, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 loss = loss_of(torch.func.functional_call(model, state, fake_inputs, tie_weights=True))

@@ -62,15 +62,9 @@ def test_moe_experts_trace_in_fp32_and_match_real_tensors():
     # The experts' grouped matmuls: 64 tokens x 2 experts each, gate+up (64 -> 2x128) and down.
     experts = 2 * (64 * 2) * 64 * (2 * 128) + 2 * (64 * 2) * 128 * 64
     assert block.forward_flops["matmul"] >= experts
-    # The MoE child (router, grouped matmuls) saves and allocates what real tensors do. (The
-    # attention child does not yet: transformers builds an explicit causal mask and repeats
-    # K/V when it sees fake tensors, `masking_utils._ignore_causal_mask_sdpa`; not this test.)
-    measured = measure_profile(model, inputs, name="mixtral", repeats=1, warmup=0)
-    moe = [(c, d) for t, m in zip(traced.layers, measured.layers) for c, d in zip(t.children, m.children)
-           if c.name.endswith(".mlp")]
-    assert len(moe) == 2
-    for c, d in moe:
-        assert (c.activation_bytes, c.workspace_bytes) == (d.activation_bytes, d.workspace_bytes), c.name
+    # Fake and real tensors run the same program, attention included ([Note: HF causal masks
+    # on fake tensors] in profile/trace.py: no explicit mask, no repeated K/V, as in the run).
+    _same(traced, measure_profile(model, inputs, name="mixtral", repeats=1, warmup=0))
 
 
 @pytest.mark.parametrize("build", [lambda: parse_model_spec(FALCON).builder(micro_batch=2, seq=16, device="cpu"),
