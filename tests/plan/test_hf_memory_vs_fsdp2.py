@@ -3,9 +3,11 @@ plain and wrapped one level deep, run on FSDP2 at worlds 8 and 64, and the predi
 against FSDPMemTracker's. The profile is traced on fake tensors (profile/trace.py). The goal
 is 5% and the test asserts it (measured, with the backward workspace measured on the fake
 trace (`profile.workspace`) and fused units modelled module by module (docs/design.md, "Fused
-units"): every case within -2.6..+0.0%. The largest misses are T5 and GPT-2 full_shard,
--1.9..-2.6%: at the measured peak, 50-60 KiB more activations are live than the traced
-profile's saved tensors; not located further).
+units"): every case within -1.1..+2.6% (with the backward windows taken by gradient hooks and the HF causal
+mask traced as it runs, profile/trace.py; it was -2.6..+0.0%: T5 and GPT-2 full_shard had the trace's
+full backward hooks keep one gradient alive that FSDP2 does not).
+The new families (`NEW_FAMILIES`, issue 15) are a separate test: every plan must plan and run;
+their errors are printed (*** beyond 3%) and bounded loosely until the memory model catches up.
 
 Run with -s for the table (model, wrapping, world, strategy, units, measured, predicted, error).
 """
