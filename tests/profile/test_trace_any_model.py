@@ -118,3 +118,13 @@ def test_python_model_holding_hf_model_gets_cache_off(tmp_path, monkeypatch):
     model, inputs = parse_model_spec("python:own_hf:build").builder()
     assert model.lm.config.use_cache is False
     assert "use_cache=False" in trace_profile(model, inputs, name="own", device=CPU).extra["notes"][0]
+
+
+def test_train_console_says_use_cache_off(tmp_path):
+    """`train` prints its task notes before workers start (train/validate.py): the note is one."""
+    from shardsched.train.config import TrainConfig
+    from shardsched.train.task import check_task
+    cfg = TrainConfig(model=FALCON, seq=16, batch=2, run_dir=str(tmp_path / "run"))
+    built, task = check_task(cfg, world=1)
+    assert built.model.model.config.use_cache is False
+    assert [n for n in task.notes if n.startswith("use_cache=False set on FalconForCausalLM")]
