@@ -132,7 +132,8 @@ def _row_line(r) -> str:
 @pytest.mark.parametrize("name", list(NEW_FAMILIES))
 def test_new_families_plan_and_run(name):
     """Every plan of the new families plans and runs on FSDP2 (worlds 8 and 64, every uniform
-    strategy, checkpointed full_shard, auto); errors beyond 3% are marked *** in the table."""
+    strategy, checkpointed full_shard, auto; replicate at world 8 only); errors beyond 3% are
+    marked *** in the table."""
     torch.set_num_threads(1)
     spec = parse_model_spec(NEW_FAMILIES[name])
     model, inputs = spec.builder(micro_batch=2, seq=32, device="meta")
@@ -141,6 +142,8 @@ def test_new_families_plan_and_run(name):
     rows = []
     for world in (8, 64):
         for strategy, plan in plans(profile, world, extra=("full_shard+ckpt",)).items():
+            if strategy == "replicate" and world != 8:
+                continue  # replicate holds the same bytes at every world (measured: identical rows)
             model, inputs = spec.builder(micro_batch=2, seq=32, device="cpu")
             measured = measured_peak(model, inputs, plan)
             units = ",".join(f"{u.strategy.value[:3]}{'+ck' if u.checkpoint else ''}" for u in plan.units)
