@@ -128,3 +128,12 @@ def test_train_console_says_use_cache_off(tmp_path):
     built, task = check_task(cfg, world=1)
     assert built.model.model.config.use_cache is False
     assert [n for n in task.notes if n.startswith("use_cache=False set on FalconForCausalLM")]
+
+
+def test_hf_list_overrides_and_refused_values():
+    from shardsched.models.hf import hf_config
+    config = hf_config("resnet,hidden_sizes=[8,16,32,64],depths=[1,1,2,1],layer_type=bottleneck")
+    assert (list(config.hidden_sizes), list(config.depths)) == ([8, 16, 32, 64], [1, 1, 2, 1])
+    with pytest.raises(UsageError) as e:
+        hf_config("resnet,hidden_sizes=wide")
+    assert "hidden_sizes='wide' is refused by transformers" in str(e.value) and "\n" not in str(e.value)
