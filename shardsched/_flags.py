@@ -43,3 +43,28 @@ def check_positive_float(name: str, value: float | None, *, hi: float | None = N
     if not math.isfinite(value) or value <= 0 or (hi is not None and value > hi):
         limit = f" and at most {hi:g}" if hi is not None else ""
         raise UsageError(f"{flag(name)} must be a finite number above 0{limit}, got {value}")
+
+
+LAYERS_ACCEPTED = ("a class name (e.g. Block, LlamaDecoderLayer), a module path (e.g. blocks.0) or a glob over "
+                   "module paths (e.g. 'blocks.*'), comma-separated")
+LAYERS_HELP = ("name the layers (unit boundaries) of a python: or hf: model, as FSDP wrapping policies do: "
+               + LAYERS_ACCEPTED + "; the rest of the model is discovered around them")
+
+
+def add_layers_argument(parser: argparse.ArgumentParser) -> None:
+    """`--layers` for every command that takes `--model` (profile.layers, [Note: naming layers])."""
+    parser.add_argument("--layers", default=None, help=LAYERS_HELP)
+
+
+def layers_items(spec) -> list[str]:
+    """The items of a layers spec (`--layers` text or a `shardsched_layers` string or list);
+    one line for an empty item or a non-string. Whether each names a module is checked
+    against the model (`profile.layers.named_layers`)."""
+    items = spec.split(",") if isinstance(spec, str) else spec
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        raise UsageError(f"layers must be a string or a list of strings, got {type(spec).__name__}; "
+                         f"accepted: {LAYERS_ACCEPTED}")
+    items = [i.strip() for i in items]
+    if not items or any(not i for i in items):
+        raise UsageError(f"layers {spec!r} has an empty item; accepted: {LAYERS_ACCEPTED}")
+    return items

@@ -94,9 +94,30 @@ def _config_dict(name: str) -> dict:
     raise UsageError(f"hf: unknown model {name!r} (no network: only configs known offline); accepted: {ACCEPTED}")
 
 
+def _split_items(body: str) -> list[str]:
+    """`body` split at the commas outside brackets, so list values survive:
+    `hf:resnet,hidden_sizes=[16,32,64,128],depths=[1,1,2,1]`."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(body):
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            items.append(body[start:i])
+            start = i + 1
+    return items + [body[start:]]
+
+
+def _set_override(config, key: str, raw: str) -> None:
+    """config.key = the value `raw` spells; a value transformers refuses is one line."""
+    try:
+        setattr(config, key, _value(raw))
+    except Exception as e:  # transformers validates some keys (strict dataclass fields)
+        msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise UsageError(f"hf: {key}={raw[:40]!r} is refused by transformers ({msg[:160]})") from None
+
+
 def hf_config(body: str):
     """The `transformers` config for the text after `hf:`."""
-    name, *items = [s.strip() for s in body.split(",")]
+    name, *items = [s.strip() for s in _split_items(body)]
     if not name:
         raise UsageError(f"hf: no model named; accepted: {ACCEPTED}")
     data = _config_dict(name)
@@ -114,7 +135,7 @@ def hf_config(body: str):
         if key not in known and not hasattr(config, key):
             some = ", ".join(sorted(k for k in known if not k.startswith("_"))[:12])
             raise UsageError(f"hf: {name} config has no key {key!r}; accepted keys include: {some}, ...")
-        setattr(config, key, _value(raw.strip()))
+        _set_override(config, key, raw.strip())
     if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
         # Seq2seq models shift labels right from this id; T5's checkpoints use the pad id, 0.
         config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0
@@ -122,9 +143,11 @@ def hf_config(body: str):
 
 
 def task_of(config) -> str:
-    """"seq2seq", "masked", "causal" or "vision": which objective the wrapper trains."""
+    """"seq2seq", "masked", "causal", "vision" or "speech": which objective the wrapper trains."""
     from transformers.models.auto import modeling_auto as ma
     mt = config.model_type
+    if _is_speech(config):
+        return "speech"
     if getattr(config, "is_encoder_decoder", False) and mt in ma.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
         return "seq2seq"
     if mt in _MASKED and mt in ma.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
@@ -133,7 +156,15 @@ def task_of(config) -> str:
         return "causal"
     if mt in ma.MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES:
         return "vision"
-    raise UsageError(f"hf: model type {mt!r} has no causal, masked, seq2seq LM or image-classification head")
+    raise UsageError(f"hf: model type {mt!r} has no causal, masked, seq2seq LM, image-classification or "
+                     f"speech-to-text head")
+
+
+def _is_speech(config) -> bool:
+    """A speech-to-text encoder-decoder (Whisper): mel features in, token labels out."""
+    from transformers.models.auto import modeling_auto as ma
+    return (config.model_type in ma.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
+            and hasattr(config, "num_mel_bins") and hasattr(config, "max_source_positions"))
 
 
 def hf_builder(body: str) -> tuple[Callable[..., tuple["nn.Module", tuple]], bool]:
@@ -144,6 +175,43 @@ def hf_builder(body: str) -> tuple[Callable[..., tuple["nn.Module", tuple]], boo
 
     def build(*, micro_batch: int = 2, seq: int | None = None, device: str = "cpu", seed: int = 0):
         from shardsched.models.hf_task import build_task
-        return build_task(config, task, micro_batch=micro_batch, seq=seq, device=device, seed=seed)
+        model, inputs = build_task(config, task, micro_batch=micro_batch, seq=seq, device=device, seed=seed)
+        training_defaults(model)
+        return model, inputs
 
-    return build, task != "vision"
+    return build, task not in ("vision", "speech")
+
+
+# ---------------------------------------------------------------- training defaults
+# [Note: training defaults that change memory] Hugging Face models default to generation
+# settings: `config.use_cache=True` makes every decoder layer return its keys and values
+# (a `DynamicCache` the model keeps), so a checkpointed layer's K/V stay alive after its
+# forward and its recomputation appends to the cache a second time, which crashes Gemma-2,
+# Falcon and Whisper at the first backward. transformers turns it off itself when its own
+# gradient checkpointing is on (`use_cache=True` is incompatible with gradient checkpointing);
+# so does shardsched, whatever the plan, so profile and run agree, for every `hf:` model and
+# every `python:` model holding a `PreTrainedModel`, and says so in one line (recorded on the
+# model, `profile.layers.NOTES_ATTR`: profiles copy it into `Profile.extra["notes"]`, plans
+# into `Plan.notes`).
+
+
+def _is_pretrained(module) -> bool:
+    """A transformers `PreTrainedModel`, without importing transformers."""
+    return any(c.__name__ == "PreTrainedModel" for c in type(module).__mro__)
+
+
+def training_defaults(model: "nn.Module") -> tuple[str, ...]:
+    """Turn off the KV cache of every HF model inside `model` ([Note: training defaults
+    that change memory]); returns (and records on `model`) the notes saying so."""
+    caching = [m for m in model.modules()
+               if _is_pretrained(m) and getattr(getattr(m, "config", None), "use_cache", False)]
+    changed = sorted({type(m).__name__ for m in caching})
+    for m in caching:
+        m.config.use_cache = False
+    from shardsched.profile.layers import NOTES_ATTR, model_notes
+    notes = model_notes(model)
+    if changed:
+        notes += (f"use_cache=False set on {', '.join(changed)} for training (Hugging Face's default KV cache "
+                  f"keeps keys and values alive and grows again when checkpointed layers recompute)",)
+        object.__setattr__(model, NOTES_ATTR, notes)
+    return notes

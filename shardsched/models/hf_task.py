@@ -70,10 +70,35 @@ class Vision(nn.Module):
         return self.model(pixel_values=pixel_values, labels=labels).loss
 
 
+class Speech(nn.Module):
+    """Speech-to-text (Whisper): log-mel features (batch, mel bins, frames) and token labels;
+    the model shifts the labels right into its decoder input, as it is trained."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return self.model(input_features=input_features, labels=labels).loss
+
+
+def speech_inputs(config, *, micro_batch: int, seq: int | None, gen: torch.Generator) -> tuple:
+    """Features of the length the encoder expects (2 x max_source_positions frames: two
+    stride-2 convolutions in Whisper) and `seq` label tokens (default min(32, positions))."""
+    frames = 2 * config.max_source_positions
+    limit = config.max_target_positions
+    seq = seq or min(32, limit)
+    if seq > limit:
+        raise UsageError(f"seq={seq} exceeds the model's {limit} decoder positions")
+    features = torch.randn(micro_batch, config.num_mel_bins, frames, generator=gen)
+    return features, torch.randint(0, min(256, config.vocab_size), (micro_batch, seq), generator=gen)
+
+
 def _hf_model(config, task: str) -> nn.Module:
     import transformers as tf
     auto = {"causal": tf.AutoModelForCausalLM, "masked": tf.AutoModelForMaskedLM,
-            "seq2seq": tf.AutoModelForSeq2SeqLM, "vision": tf.AutoModelForImageClassification}[task]
+            "seq2seq": tf.AutoModelForSeq2SeqLM, "vision": tf.AutoModelForImageClassification,
+            "speech": tf.AutoModelForSpeechSeq2Seq}[task]
     try:
         return auto.from_config(config)
     except Exception as e:  # transformers checks the config here (e.g. heads must divide the width)
@@ -89,11 +114,15 @@ def _wrap(model: nn.Module, config, task: str) -> nn.Module:
         return MaskedLM(model, config.vocab_size - 1)
     if task == "seq2seq":
         return Seq2SeqLM(model)
+    if task == "speech":
+        return Speech(model)
     return Vision(model)
 
 
 def example_inputs(config, task: str, *, micro_batch: int, seq: int | None, seed: int) -> tuple:
     gen = torch.Generator().manual_seed(seed + 1)
+    if task == "speech":
+        return speech_inputs(config, micro_batch=micro_batch, seq=seq, gen=gen)
     if task == "vision":
         size = getattr(config, "image_size", 224)
         channels = getattr(config, "num_channels", 3)

@@ -152,6 +152,8 @@ def _python_builder(body: str) -> Callable[[], tuple[Any, tuple]]:
                              f"got {_describe(out)}; accepted: {ACCEPTED}")
         model, inputs = out
         inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        from shardsched.models.hf import training_defaults
+        training_defaults(model)  # a user's own HF model: its KV cache off, and said
         check_scalar_loss(name, model, inputs)
         return model, inputs
 

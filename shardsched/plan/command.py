@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -16,7 +17,8 @@ from shardsched.solve.build import make_plan, plan_from_scenario
 from shardsched.plan.schedule import scenario_for
 from shardsched.plan.units import tied_violation
 from shardsched.core.types import Optimizer, Plan, Precision
-from shardsched._flags import check_int, check_positive_float, flag, reject_empty_strings
+from shardsched._flags import (add_layers_argument, check_int, check_positive_float, flag, layers_items,
+                               reject_empty_strings)
 from shardsched._paths import atomic_write, check_writable_file
 from shardsched.plan.validate import check_plan_layers, read_plan_file
 from shardsched.models.spec import PRESETS, parse_model_spec
@@ -29,6 +31,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
                                       "python:module:function or hf:<config.json | model type | checkpoint name>"
                                       "[,key=value...] (default gpt2); python: imports that module and runs that "
                                       "function in this process: use it only with code you trust")
+    add_layers_argument(p)
     a("--world", type=int, default=8, help="data-parallel workers (default 8)")
     a("--gpus-per-node", type=int, default=None, help="workers per node; must divide --world (default min(8, world))")
     a("--device", default=None, help=f"device preset: {', '.join(DEVICES)} (default h100; cpu for python: models)")
@@ -86,6 +89,8 @@ def check_plan_flags(args: argparse.Namespace) -> None:
     check_int("micro_batch", args.micro_batch, lo=1, hi=MAX_WORLD)
     check_int("seq", args.seq, lo=1, hi=MAX_WORLD)
     check_positive_float("time_limit", args.time_limit)
+    if args.layers is not None:
+        layers_items(args.layers)
     for name in ("out", "trace", "png"):
         if getattr(args, name, None) is not None:
             check_writable_file(getattr(args, name), flag(name))
@@ -101,13 +106,15 @@ def run_plan(args: argparse.Namespace) -> int:
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
     existing = read_plan(args.plan) if args.plan else None  # validate input before any work
     profile = profile_for(spec, micro_batch=args.micro_batch, seq=args.seq, device=cluster.device,
-                          precision=precision, measure=args.measure)
+                          precision=precision, measure=args.measure, layers=args.layers)
     if existing is not None:
         plan = reevaluate(existing, profile, cluster, budget)
     else:
         strategy = args.strategy or ("auto" if budget else "full_shard")
         plan = make_plan(profile, cluster, strategy=strategy, precision=precision, optimizer=args.optimizer,
                          memory_budget_bytes=budget, fuse=not args.no_fuse, time_limit=args.time_limit)
+    # What was set on the model for training (e.g. HF use_cache=False), said in the plan.
+    plan = dataclasses.replace(plan, notes=plan.notes + tuple(profile.extra.get("notes", ())))
     if budget is not None and plan.predicted.peak_bytes > budget:
         # Reported, never silently accepted: the plan is still shown (and saved) for inspection.
         sys.stderr.write(f"shardsched plan: warning: predicted peak {plan.predicted.peak_bytes} bytes exceeds "

@@ -9,6 +9,17 @@ HF's `transformer` or BERT's `bert.encoder`): that is where transformer blocks l
 the way FSDP wrapping policies pick `ModuleList` children. So a model held one or
 more wrappers deep still splits into its embeddings, blocks and heads.
 
+[Note: an inline chain is a layer's body]
+An `nn.Sequential` whose parameter-holding entries are all leaves (Linear, Conv, norms:
+an MLP or a conv-BN-ReLU chain written inline) is the body of the module holding it,
+not a stack of layers: a block with `self.mlp = nn.Sequential(Linear, GELU, Linear)`
+is one layer, exactly as one with `self.mlp = MLP()` (a small custom module), so the
+same maths plans the same (issue 15: the Sequential form had been split into its
+Linears, leaving the residual adds between them outside every layer: 69 MiB least
+memory against 14.7 MiB). A `ModuleList` of leaves, or a Sequential of composite
+blocks (torchvision's ResNet stages), is still a stack. `--layers` (`resolve_spec`)
+names layers outright when the structure says something else.
+
 [Note: the root unit and tied parameters]
 FSDP2 (`fully_shard(model)` last, runtime/parallelize.py) manages every parameter
 that no layer's `fully_shard` claimed. Those form the root layer "" (first in
@@ -29,24 +40,50 @@ compute step where it happens; none is dropped.
 """
 from __future__ import annotations
 
+import fnmatch
 from collections import defaultdict
 from typing import Any, NamedTuple, Sequence
 
 import torch
 import torch.nn as nn
 
+from shardsched._flags import LAYERS_ACCEPTED, layers_items
 from shardsched.errors import UsageError
 
 CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 ROOT = ""
+NOTES_ATTR = "shardsched_notes"
+"""Attribute of a built model: one-line notes on what shardsched set on it for training
+(`models.hf.training_defaults`); profiles copy them into `Profile.extra["notes"]`."""
+
+
+def model_notes(model: nn.Module) -> tuple[str, ...]:
+    return tuple(getattr(model, NOTES_ATTR, ()))
+
+
+def notes_extra(model: nn.Module) -> dict:
+    """{"notes": [...]} for `Profile.extra` when the model carries notes, else {}."""
+    notes = model_notes(model)
+    return {"notes": list(notes)} if notes else {}
 
 
 def owns_params(module: nn.Module) -> bool:
     return next(module.parameters(), None) is not None
 
 
+def _is_leaf(module: nn.Module) -> bool:
+    """Holds parameters itself and no child does (Linear, Conv2d, LayerNorm, Embedding)."""
+    return owns_params(module) and not any(owns_params(c) for c in module.children())
+
+
 def _is_stack(module: nn.Module) -> bool:
-    return isinstance(module, CONTAINERS) and sum(owns_params(c) for c in module.children()) >= 2
+    """A container of >= 2 parameter-holding entries that are layers, not a layer's body
+    ([Note: an inline chain is a layer's body])."""
+    if not isinstance(module, CONTAINERS):
+        return False
+    entries = [c for c in module.children() if owns_params(c)]
+    inline = isinstance(module, nn.Sequential) and all(_is_leaf(c) for c in entries)
+    return len(entries) >= 2 and not inline
 
 
 def _has_stack_below(module: nn.Module) -> bool:
@@ -54,9 +91,15 @@ def _has_stack_below(module: nn.Module) -> bool:
 
 
 def discover(root: nn.Module) -> list[str]:
-    """Candidate layers in registration order (see [Note: layers at any depth])."""
+    """Candidate layers in registration order (see [Note: layers at any depth]). A lone
+    layer that holds parameter-holding children is a wrapper (`self.net = MyCNN()`): its
+    inside is discovered instead, so a model never plans as one unit for want of a stack."""
     out: list[str] = []
     _collect(root, "", out)
+    while len(out) == 1 and any(owns_params(c) for c in root.get_submodule(out[0]).children()):
+        inner: list[str] = []
+        _collect(root.get_submodule(out[0]), out[0] + ".", inner)
+        out = inner
     return out
 
 
@@ -171,8 +214,60 @@ def check_given(model: nn.Module, layers: Sequence[str]) -> list[str]:
     return list(layers)
 
 
+# ---------------------------------------------------------------- layers a user names
+# [Note: naming layers] `--layers` (plan, train, bench, tradeoff) or, in the `python:`
+# contract, a `shardsched_layers` attribute on the model (a string or a list of strings;
+# the flag wins) names unit boundaries as FSDP wrapping policies do: each item is a class
+# name (`Block`, `LlamaDecoderLayer`: every module of that class, as `ModuleWrapPolicy`), a
+# module path (`blocks.0`) or a glob over module paths (`blocks.*`). Named modules are
+# layers (the outermost where they nest); the rest of the model is discovered around them
+# as usual: discovered layers inside a named one are dropped, and one that holds a named
+# one is replaced by its parameter-holding children, recursively.
+
+SPEC_ATTR = "shardsched_layers"
+
+
+def _matches(item: str, path: str, module: nn.Module) -> bool:
+    if any(ch in item for ch in "*?["):
+        return fnmatch.fnmatchcase(path, item)
+    return path == item or type(module).__name__ == item or type(module).__qualname__ == item
+
+
+def named_layers(model: nn.Module, spec: str | Sequence[str]) -> list[str]:
+    """The outermost modules the spec names, in registration order; one line naming the
+    item when an item names no module with parameters."""
+    modules = [(n, m) for n, m in model.named_modules() if n and owns_params(m)]
+    picked: set[str] = set()
+    for item in layers_items(spec):
+        hits = {n for n, m in modules if _matches(item, n, m)}
+        if not hits:
+            raise UsageError(f"layers: {item!r} names no module with parameters of this model "
+                             f"({type(model).__name__}); accepted: {LAYERS_ACCEPTED}")
+        picked |= hits
+    return [n for n, _ in modules if n in picked and not any(_inside(n, o) for o in picked if o != n)]
+
+
+def _around(model: nn.Module, layer: str, named: list[str]) -> list[str]:
+    """A discovered layer with the named ones taken out (see [Note: naming layers])."""
+    if layer in named or any(_inside(layer, n) for n in named):
+        return []
+    if not any(_inside(n, layer) for n in named):
+        return [layer]
+    kids = [f"{layer}.{c}" for c, m in model.get_submodule(layer).named_children() if owns_params(m)]
+    return [k for kid in kids for k in _around(model, kid, named)]
+
+
+def resolve_spec(model: nn.Module, spec: str | Sequence[str]) -> list[str]:
+    """Layer paths for a layers spec: the named modules plus the discovered layers around them."""
+    named = named_layers(model, spec)
+    return named + [k for d in discover(model) for k in _around(model, d, named)]
+
+
 def candidates(model: nn.Module, layers: Sequence[str] | None = None) -> list[str]:
-    """Layers to profile: given, `model.layer_names()`, or discovered; ties isolated."""
+    """Layers to profile: given, the model's `shardsched_layers` spec, `model.layer_names()`,
+    or discovered; ties isolated."""
+    if layers is None and getattr(model, SPEC_ATTR, None) is not None:
+        layers = resolve_spec(model, getattr(model, SPEC_ATTR))
     if layers is None and callable(getattr(model, "layer_names", None)):
         layers = list(model.layer_names())
     names = check_given(model, layers) if layers is not None else discover(model)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import time
-import warnings
 from collections import defaultdict
 from typing import Any, NamedTuple, Sequence
 
@@ -20,7 +19,7 @@ from shardsched.errors import UsageError
 from shardsched.profile import layers as L
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
-from shardsched.profile.workspace import BackwardWorkspace
+from shardsched.profile.workspace import BackwardWorkspace, watch_backward
 from shardsched.profile.workspace_terms import layer_workspace, outside_workspace
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -65,13 +64,13 @@ def resolve_layers(model: nn.Module, inputs: tuple, layers: Sequence[str] | None
 class _Hooks:
     """Forward/backward timing and "who is running now" for layers and their children.
 
-    Forward time of a module: forward pre-hook to forward hook. Backward time:
-    full backward pre-hook (gradients w.r.t. its outputs are ready) to full
-    backward hook (gradients w.r.t. its inputs are ready). A module none of
-    whose inputs needs a gradient (the embedding: integer tokens) gets its
-    backward hook at once, before its weight gradient is computed; its backward
-    is timed until `loss.backward()` returns instead, which is right for the
-    first layer, the last to run in backward.
+    Forward time of a module: forward pre-hook to forward hook. Backward time: the
+    first gradient w.r.t. its outputs to the gradients w.r.t. all its inputs
+    (`workspace.watch_backward`: gradient hooks, not full backward hooks, which break
+    models that modify a module's output in place). A module none of whose inputs
+    needs a gradient (the embedding: integer tokens) has no end; its backward is
+    timed until `loss.backward()` returns instead, which is right for the first
+    layer, the last to run in backward.
     """
 
     def __init__(self, model: nn.Module, layers: list[str], children: dict[str, list[str]]):
@@ -92,7 +91,6 @@ class _Hooks:
         self.fwd: dict[str, float] = defaultdict(float)
         self.bwd: dict[str, float] = defaultdict(float)
         self.bwd_starts: dict[str, list[float]] = defaultdict(list)
-        self.open_ended: list[tuple[str, float]] = []
 
     def _attach(self, module: nn.Module, name: str) -> None:
         def pre(m, args):
@@ -107,25 +105,21 @@ class _Hooks:
             popped, t0 = self.stack.pop()
             self.fwd[popped] += time.perf_counter() - t0
 
-        def bwd_pre(m, grad_output):
+        def bwd_start(grad):
             self.bwd_starts[name].append(time.perf_counter())
 
-        def bwd_post(m, grad_input, grad_output):
-            if not self.bwd_starts[name]:
-                return
-            t0 = self.bwd_starts[name].pop()
-            if all(g is None for g in grad_input):
-                self.open_ended.append((name, t0))
-            else:
-                self.bwd[name] += time.perf_counter() - t0
+        def bwd_end():
+            if self.bwd_starts[name]:
+                self.bwd[name] += time.perf_counter() - self.bwd_starts[name].pop()
 
         self.handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post),
-                         module.register_full_backward_pre_hook(bwd_pre), module.register_full_backward_hook(bwd_post)]
+                         *watch_backward(module, bwd_start, bwd_end)]
 
     def finish_backward(self, end: float) -> None:
-        for name, t0 in self.open_ended:
-            self.bwd[name] += end - t0
-        self.open_ended = []
+        """Windows still open (no input needed a gradient) end with the backward."""
+        for name, starts in self.bwd_starts.items():
+            self.bwd[name] += sum(end - t0 for t0 in starts)
+        self.bwd_starts = defaultdict(list)
 
     def current(self) -> tuple[str, str | None]:
         """(layer, child) running now. Outside every layer (parameter-free code
@@ -206,8 +200,7 @@ def _measure_memory(model: nn.Module, inputs: tuple, hooks: _Hooks, children: li
     ws = BackwardWorkspace(model, hooks.layers, children,
                            persistent=[*model.parameters(), *model.buffers(), *L.tensors_in(inputs)])
     try:
-        with ws, warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        with ws:
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 loss = _loss(model(*inputs))
             kept.clear()  # the graph holds what backward needs; activations must free as it runs
@@ -227,10 +220,7 @@ def _timed_steps(model: nn.Module, inputs: tuple, hooks: _Hooks, *, repeats: int
     for i in range(warmup + repeats):
         hooks.reset()
         loss = _loss(model(*inputs))
-        with warnings.catch_warnings():
-            # Expected for the embedding (integer inputs); `_Hooks` handles that case.
-            warnings.filterwarnings("ignore", message="Full backward hook is firing")
-            loss.backward()
+        loss.backward()
         hooks.finish_backward(time.perf_counter())
         for p in model.parameters():
             p.grad = None
@@ -281,6 +271,12 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
     try:
         mem = _measure_memory(run_model, run_inputs, hooks, list(hooks.parent))
         fwd, bwd = _timed_steps(run_model, run_inputs, hooks, repeats=repeats, warmup=warmup)
+    except UsageError:
+        raise
+    except Exception as e:  # the model's own code failed in forward or backward: one line, not a traceback
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"cannot run the model's forward and backward to measure it ({type(e).__name__}: "
+                         f"{msg[:200]})") from None
     finally:
         hooks.remove()
         for p, g in saved_grads.items():
@@ -307,7 +303,7 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
     return Profile(model=name, layers=tuple(profiles), fingerprint=fp, compute_dtype=compute_dtype,
                    micro_batch=micro_batch, seq=seq, input_bytes=sum(t.nbytes for t in L.tensors_in(inputs)),
                    source="measured", tied=asg.tied, extra={"torch": torch.__version__, "threads": torch.get_num_threads(),
-                                             "repeats": repeats, "warmup": warmup})
+                                             "repeats": repeats, "warmup": warmup, **L.notes_extra(model)})
 
 
 def batch_and_seq(inputs: tuple) -> tuple[int, int]:

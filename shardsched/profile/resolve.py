@@ -21,10 +21,12 @@ def compute_dtype(precision: Precision) -> str:
 
 
 def profile_for(spec: ModelSpec, *, micro_batch: int, seq: int | None, device: DeviceSpec,
-                precision: Precision, measure: bool = False, repeats: int = 3) -> Profile:
+                precision: Precision, measure: bool = False, repeats: int = 3, layers: str | None = None) -> Profile:
     """Analytic profile of a GPT config on `device` (no model in memory); a traced
     profile (fake tensors: exact bytes, FLOPs, deterministic) for `python:` and `hf:`
-    models; a profile measured on this machine with `measure` (cached, see `measured`)."""
+    models; a profile measured on this machine with `measure` (cached, see `measured`).
+    `layers`: `--layers`, the unit boundaries the user names (profile.layers, [Note: naming
+    layers]); a GPT config is then traced, since its analytic profile has fixed layers."""
     if micro_batch < 1:
         raise UsageError(f"--micro-batch must be >= 1, got {micro_batch}")
     if seq is not None and seq < 1:
@@ -32,7 +34,7 @@ def profile_for(spec: ModelSpec, *, micro_batch: int, seq: int | None, device: D
     dtype = compute_dtype(precision)
     if spec.config is not None:
         seq = seq or spec.config.seq
-        if not measure:
+        if not measure and layers is None:
             return analytic_profile(spec.config, micro_batch=micro_batch, seq=seq, device=device,
                                     compute_dtype=dtype, name=spec.name)
         model, inputs = build_gpt(spec.config, micro_batch=micro_batch, seq=seq)
@@ -40,6 +42,10 @@ def profile_for(spec: ModelSpec, *, micro_batch: int, seq: int | None, device: D
         model, inputs = spec.builder(micro_batch=micro_batch, seq=seq, device="cpu" if measure else "meta")
     else:
         model, inputs = spec.builder()
+    if layers is not None:
+        from shardsched.profile.layers import SPEC_ATTR, resolve_spec
+        resolve_spec(model, layers)  # a name that matches nothing: one line, before any profiling
+        setattr(model, SPEC_ATTR, layers)
     if measure:
         return measured(model, inputs, name=spec.name, repeats=repeats, compute_dtype=dtype)
     from shardsched.profile.trace import trace_profile  # imports torch: only for code models

@@ -21,6 +21,10 @@ exactly; GPU kernels may save slightly different tensors (e.g. fused RMSNorm).
 """
 from __future__ import annotations
 
+import contextlib
+import logging
+import math
+import sys
 import warnings
 from collections import defaultdict
 from typing import Any, Sequence
@@ -28,8 +32,9 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 import torch.utils.flop_counter as fc
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from shardsched.cost.device import DeviceSpec
 from shardsched.errors import UsageError
@@ -44,7 +49,7 @@ _TAG = "shardsched_layer"
 _PRE = "<before>"
 _aten = torch.ops.aten
 _CLASSES = {
-    "matmul": {_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm, _aten._scaled_mm},
+    "matmul": {_aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm, _aten._scaled_mm, _aten._grouped_mm},
     "conv": {_aten.convolution, _aten._convolution, _aten.convolution_backward, _aten.cudnn_convolution,
              _aten._slow_conv2d_forward, _aten.convolution_overrideable},
 }
@@ -62,8 +67,88 @@ def _cpu_flash_backward(grad_out, query, key, value, *args, out_val=None, **kwar
     return fc.sdpa_backward_flop_count(grad_out, query, key, value)
 
 
+def _grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """MoE experts' grouped matmul (no formula in FlopCounterMode, which passes shapes):
+    2 x output x contraction; when both operands are 2-D the groups split the contraction."""
+    groups = out_shape[0] if len(a_shape) == 2 and len(b_shape) == 2 else 1
+    return 2 * math.prod(out_shape) * a_shape[-1] // groups
+
+
 _CUSTOM = {_aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash,
-           _aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward}
+           _aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward,
+           _aten._grouped_mm: _grouped_mm_flops}
+
+
+class _FakeRules(TorchDispatchMode):
+    """Ops whose meta function refuses what their CPU kernel runs, given their output here.
+
+    [Note: MoE experts on fake tensors] transformers' MoE models (Mixtral, Qwen2-MoE, OLMoE)
+    run their experts through `torch._grouped_mm` (`experts_implementation="grouped_mm"`,
+    transformers/integrations/moe.py). Its CPU kernel takes float32, but its meta function
+    (torch/_meta_registrations.py `_meta_grouped_mm_common`) insists on bfloat16, so a fake
+    trace in float32 fails. The output's shape does not depend on the dtype: it is taken
+    from the meta function on bfloat16 stand-ins and returned empty in the real dtype. Sits
+    directly above FakeTensorMode, so the counting modes see one op and one output.
+    Any op that still fails is remembered (`failed`), so the error can name it."""
+
+    def __init__(self):
+        super().__init__()
+        self.failed: str | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        try:
+            if func is _aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
+                a, b = (torch.empty(t.shape, dtype=torch.bfloat16) for t in args[:2])
+                shape = func(a, b, *args[2:], **{**kwargs, "out_dtype": None}).shape
+                return torch.empty(shape, dtype=kwargs.get("out_dtype") or args[0].dtype)
+            return func(*args, **kwargs)
+        except Exception:
+            self.failed = self.failed or str(func)
+            raise
+
+
+# [Note: HF causal masks on fake tensors]
+# transformers (masking_utils.find_packed_sequence_indices) decides whether a batch packs
+# several sequences per row by reading the position ids; it cannot read a fake tensor, so
+# under FakeTensorMode it assumes packing and builds an explicit (batch, 1, T, T) mask, and
+# SDPA then repeats K/V for grouped-query attention. Real tensors (the run) skip both:
+# positions a model makes itself are one sequence per row. The trace traced another program
+# than the one that runs (Llama with GQA: +9% activations). During the trace, a fake position
+# tensor therefore counts as one sequence per row, as transformers answers for real ones.
+
+
+@contextlib.contextmanager
+def _hf_one_sequence_per_row():
+    masking = sys.modules.get("transformers.masking_utils")
+    original = getattr(masking, "find_packed_sequence_indices", None)
+    if original is None:
+        yield
+        return
+
+    def find(position_ids, *args, **kwargs):
+        if isinstance(position_ids, FakeTensor):
+            return None
+        return original(position_ids, *args, **kwargs)
+
+    masking.find_packed_sequence_indices = find
+    try:
+        yield
+    finally:
+        masking.find_packed_sequence_indices = original
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensor_log():
+    """FakeTensorMode logs a traceback for an op whose meta function raises before it
+    re-raises (torch/_subclasses/fake_tensor.py); the error is reported in one line instead."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 class _Stats:
@@ -241,6 +326,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
     tracer.stats.itemsize = torch.empty((), dtype=dtype).element_size()
     ws = BackwardWorkspace(model, names, list(tracer.parent), persistent=[*state.values(), *L.tensors_in(fake_inputs)])
     kept: list[torch.Tensor] = []  # keep saved storages alive: no StorageImpl reuse while we dedupe
+    rules = _FakeRules()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         k = _storage_key(t)
@@ -259,7 +345,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         return t
 
     try:
-        with mode, _Counter(tracer), _Tagger(tracer), ws, warnings.catch_warnings():
+        with _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, rules, _Counter(tracer), _Tagger(tracer), ws, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 loss = loss_of(torch.func.functional_call(model, state, fake_inputs, tie_weights=True))
@@ -269,8 +355,9 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         raise
     except Exception as e:  # data-dependent ops and the like: the model cannot be traced
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UsageError(f"cannot trace the model on fake tensors ({type(e).__name__}: {msg[:200]}); "
-                         f"accepted: --measure to time it on this machine instead") from None
+        op = f"op {rules.failed} failed " if rules.failed else ""
+        raise UsageError(f"cannot trace the model on fake tensors: {op}({type(e).__name__}: {msg[:200]}); "
+                         f"accepted: --measure to profile it on real tensors on this machine instead") from None
     finally:
         tracer.stats.workspace.update(ws.finish())
         tracer.remove()
@@ -478,4 +565,5 @@ def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
     micro_batch, seq = batch_and_seq(inputs)
     return Profile(model=name, layers=tuple(out), fingerprint=fingerprint(model), compute_dtype=compute_dtype,
                    micro_batch=micro_batch, seq=seq, input_bytes=sum(_nbytes([t]) for t in L.tensors_in(inputs)),
-                   source="traced", tied=asg.tied, extra={"device": device.name, "torch": torch.__version__})
+                   source="traced", tied=asg.tied, extra={"device": device.name, "torch": torch.__version__,
+                                                          **L.notes_extra(model)})

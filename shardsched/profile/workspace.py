@@ -11,7 +11,8 @@ they do in FSDP2, and the weight gradients it produces raise them; `above_model`
 takes off the part of the peak that the simulator's max(activations, gradients) already
 counts, so the simulator's peak is the real one (gelu-4x128 fp32: the 1.5 MiB at a
 block's first backward op, FSDPMemTracker's figure; tests/plan/test_memory_levers.py).
-Each window runs from the module's own full backward pre-hook to its full backward hook.
+Each window runs from the first gradient w.r.t. the module's outputs to the gradients w.r.t.
+all its inputs (`watch_backward`, [Note: backward windows without full backward hooks]).
 Code that runs outside every layer (a loss or a tied LM head after the last layer, folded
 into a layer's activations by the profilers, `LayerProfile.outside_bytes`) runs its
 backward outside every window: charging it to the next window in backward order (tried)
@@ -31,10 +32,63 @@ import weakref
 
 import torch
 import torch.nn as nn
+from torch.autograd.graph import register_multi_grad_hook
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.nn.modules._functions import BackwardHookFunction
+from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+# [Note: backward windows without full backward hooks]
+# `register_full_backward_(pre_)hook` wraps a module's inputs and outputs in
+# `BackwardHookFunction`, whose outputs are views; a model that then modifies one in place
+# (Falcon's `mlp_output += attention_output`, ResNet's `hidden_state += residual`, any
+# `nn.ReLU(inplace=True)` on a module's output) fails with "Output 0 of
+# BackwardHookFunction is a view and is being modified inplace" (autograd's rule for views
+# made by custom Functions). It also keeps the gradients w.r.t. the outputs alive until
+# the module's input gradients are ready (`BackwardHook.grad_outputs`), which FSDP2 does not:
+# an extra (T, h) gradient in a block's window (gelu 2x128 full_shard: +0.77%, now -0.00%).
+# So a window opens by a gradient hook on the outputs themselves (`register_multi_grad_hook`,
+# mode "any", as FSDP2 finds its own pre-backward, torch/distributed/fsdp/_fully_shard/
+# _fsdp_state.py): outputs are not wrapped, so in-place ops on them see the model's own
+# tensors. It closes when the gradients w.r.t. all the module's inputs that need one are
+# ready (mode "all" on the inputs passed through one `BackwardHookFunction`, the identity a
+# full backward hook puts there, so they are the module's own input gradients, before other
+# users of the same tensors add theirs). A module that modifies its own input in place fails
+# as it did with full backward hooks. A module none of whose inputs needs a gradient (the
+# embedding: integer tokens) never closes its window; the caller closes it when backward ends.
+
+
+def _wrap_inputs(args, kwargs, end):
+    """(args, kwargs) with the tensors that need a gradient passed through one
+    `BackwardHookFunction` (the identity a full backward hook puts on inputs), and `end`
+    hooked on their gradients: those are the gradients w.r.t. the module's own inputs,
+    before they are summed with those of other users of the same tensors."""
+    flat, spec = tree_flatten((args, kwargs))
+    idx = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not idx or not torch.is_grad_enabled():
+        return None
+    wrapped = BackwardHookFunction.apply(*(flat[i] for i in idx))
+    wrapped = wrapped if isinstance(wrapped, tuple) else (wrapped,)
+    for i, t in zip(idx, wrapped):
+        flat[i] = t
+    register_multi_grad_hook(wrapped, lambda grads: end(), mode="all")
+    return tree_unflatten(flat, spec)
+
+
+def watch_backward(module: nn.Module, start, end) -> list:
+    """Call `start(grad)` when the first gradient w.r.t. one of `module`'s outputs is ready
+    and `end()` when those w.r.t. all its inputs are, on every forward that records a graph
+    ([Note: backward windows without full backward hooks]); returns the hook handles."""
+    def pre(m, args, kwargs):
+        return _wrap_inputs(args, kwargs, end)
+
+    def post(m, args, kwargs, out):
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+        if outs and torch.is_grad_enabled():
+            register_multi_grad_hook(outs, start, mode="any")
+
+    return [module.register_forward_pre_hook(pre, with_kwargs=True),
+            module.register_forward_hook(post, with_kwargs=True)]
 
 
 # [Note: the root's backward tail]
@@ -101,16 +155,15 @@ class BackwardWorkspace(TorchDispatchMode):
         return sum(self._seen[st] for st in sts.values())
 
     def _attach(self, module: nn.Module, name: str) -> None:
-        def bwd_pre(m, grad_output):
-            self._open[name] = [self.live - self._incoming(grad_output), self.live]
+        def start(grad):
+            self._open[name] = [self.live - self._incoming([grad]), self.live]
             self._tail = None  # code between two layers' backward: not the root's tail
 
-        def bwd_post(m, grad_input, grad_output):
-            if name in self._open and not all(g is None for g in grad_input):
+        def end():
+            if name in self._open:
                 self._close(name)
 
-        self.handles += [module.register_full_backward_pre_hook(bwd_pre),
-                         module.register_full_backward_hook(bwd_post)]
+        self.handles += watch_backward(module, start, end)
 
     def _close(self, name: str) -> None:
         base, peak = self._open.pop(name)

@@ -35,6 +35,7 @@ def tracked_peak_bytes(model: nn.Module, optimizer: torch.optim.Optimizer,
     else:  # a DDP-replicated model (runtime/ddp.py)
         tracker = MemTracker()
         tracker.track_external(model, optimizer, *inputs)
+    _skip_frozen(tracker, model)
     with tracker:
         for i in range(steps):
             step(i)
@@ -42,3 +43,20 @@ def tracked_peak_bytes(model: nn.Module, optimizer: torch.optim.Optimizer,
     snap = tracker.get_tracker_snapshot("peak")
     dev = next(iter(snap))
     return {str(getattr(k, "value", k)): int(v) for k, v in snap[dev].items()}
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
+
+
+def _skip_frozen(tracker: MemTracker, model: nn.Module) -> None:
+    """MemTracker registers a gradient hook on every parameter of a module it enters
+    (torch/distributed/_tools/mem_tracker.py `_track_module_params_and_buffers`), which
+    raises for a frozen one (Whisper's sinusoidal `embed_positions`: "cannot register a hook
+    on a tensor that doesn't require gradient"). It skips parameters it already hooked, so
+    frozen ones are entered as hooked, with handles that remove nothing; they never get a
+    gradient to track."""
+    for p in model.parameters():
+        if not p.requires_grad:
+            tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from shardsched._flags import add_layers_argument, layers_items
 from shardsched._fmt import console, fmt_bytes, fmt_seconds
 from shardsched.errors import UsageError
 from shardsched.models.spec import parse_model_spec
@@ -23,6 +24,7 @@ DEFAULT_POINTS = 12
 def add_tradeoff_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
     a("--model", default="gpt2", help="preset, gpt:key=value,... or python:module:function (default gpt2)")
+    add_layers_argument(p)
     a("--world", type=int, default=8, help="data-parallel workers (default 8)")
     a("--gpus-per-node", type=int, default=None, help="workers per node; must divide --world (default min(8, world))")
     a("--device", default=None, help="device preset (default h100; cpu for python: models)")
@@ -46,6 +48,8 @@ def _check_out(flag: str, path: str | None) -> None:
 
 
 def run_tradeoff(args: argparse.Namespace) -> int:
+    if args.layers is not None:
+        layers_items(args.layers)  # its syntax; whether it names modules, once the model is built
     spec = parse_model_spec(args.model)
     cluster = cluster_from_args(args, python_model=spec.config is None)
     budgets = parse_budgets(args.budgets) if args.budgets else None
@@ -53,7 +57,7 @@ def run_tradeoff(args: argparse.Namespace) -> int:
     _check_out("--png", args.png)
     precision = Precision(args.precision or ("fp32" if cluster.device.name == "cpu" else "bf16-mixed"))
     profile = profile_for(spec, micro_batch=args.micro_batch, seq=args.seq, device=cluster.device,
-                          precision=precision, measure=args.measure)
+                          precision=precision, measure=args.measure, layers=args.layers)
     kw = dict(precision=precision, optimizer=_opt(args.optimizer))
     budgets = budgets or auto_budgets(profile, cluster, n=DEFAULT_POINTS, **kw)
     points = sweep(profile, cluster, budgets, time_limit=args.time_limit, **kw)

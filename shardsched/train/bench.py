@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from shardsched._flags import add_layers_argument
 from shardsched.train.main import _model_choices, config_from_args, validate, world_size
 from shardsched.train.config import TrainConfig
 
@@ -28,6 +29,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     a("--steps", type=int, default=DEFAULT_BENCH_STEPS, help=f"steps per variant (default {DEFAULT_BENCH_STEPS})")
     a("--seed", type=int, default=0)
     a("--model", default="tiny", help=f"model spec: {_model_choices()} (default tiny)")
+    add_layers_argument(parser)
     a("--data", default=None, help="text file (default: the Python standard library sources)")
     a("--plan", default=None, help="also run this plan.json (default: the automatic plan under the default budget)")
     a("--batch", type=int, default=8, help="global batch in sequences (default 8)")

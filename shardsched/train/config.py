@@ -61,6 +61,9 @@ class TrainConfig:
     plan; None: the device preset of this machine (`train.planning.run_device`)."""
     log_every: int = 0
     """A plain progress line every this many steps when stdout is no terminal (0: about ten per run)."""
+    layers: str | None = None
+    """`--layers`: the unit boundaries the user names (profile.layers, [Note: naming layers]);
+    None: the model's own `shardsched_layers`, `layer_names()` or discovery."""
 
 
 def model_config(spec: str, *, seq: int) -> GPTConfig:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from shardsched._flags import add_layers_argument
 from shardsched.cost.bytes import parse_bytes
 from shardsched.errors import UsageError
 from shardsched.train.config import TrainConfig
@@ -31,6 +32,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     a("--seed", type=int, default=None, help="seed for initialisation and batches (default 0)")
     a("--model", default=None, help=f"model spec: {_model_choices()}; python:module:function returning "
                                     "(model, example_inputs[, batch_fn]) (see shardsched.train.task; default tiny)")
+    add_layers_argument(parser)
     a("--data", default=None, help="text file to train on (default: the Python standard library sources)")
     a("--strategy", default=None,
       help='full_shard | shard_grad_op | replicate | auto, with overrides like "full_shard,blocks.0-1=replicate" '
@@ -59,7 +61,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 # Flags a resumed run takes from the saved config.json unless given again.
 _FROM_SAVED = ("steps", "seed", "model", "data", "batch", "seq", "lr", "eval_every", "checkpoint_every", "precision",
-               "cluster")
+               "cluster", "layers")
 _DEFAULTS = {"steps": DEFAULT_STEPS, "seed": 0, "model": "tiny", "batch": 8, "seq": 128, "lr": 3e-3,
              "eval_every": 100, "checkpoint_every": 0, "precision": "fp32"}
 

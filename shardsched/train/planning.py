@@ -74,7 +74,10 @@ def local_profile(cfg: TrainConfig, built: Built, *, world: int, device: DeviceS
     # FLOP at one MFU and leaves out elementwise work; a cluster file measured here
     # carries an efficiency per op class and a memory bandwidth, which only a traced
     # profile (FLOPs per class, bytes moved by memory-bound ops) can use.
-    if config is not None and not cfg.cluster:
+    if cfg.layers is not None:  # --layers: the named boundaries, traced (analytic layers are fixed)
+        from shardsched.profile.layers import SPEC_ATTR
+        setattr(built.model, SPEC_ATTR, cfg.layers)
+    elif config is not None and not cfg.cluster:
         from shardsched.train.config import model_config
         return analytic_profile(model_config(cfg.model, seq=cfg.seq), micro_batch=max(1, cfg.batch // world),
                                 seq=cfg.seq, device=device, compute_dtype=dtype, name=cfg.model)
@@ -102,7 +105,8 @@ def make_local_plan(cfg: TrainConfig, built: Built, *, world: int, profile: Prof
                  f"shard_grad_op everywhere (give --memory-budget or --strategy to choose)",)
     plan = make_plan(profile, cluster, strategy=cfg.strategy or "auto",
                      precision=precision, optimizer="adam", memory_budget_bytes=budget)
-    return dataclasses.replace(plan, notes=plan.notes + notes)
+    # What was set on the model for training (models.hf.training_defaults), said in the plan.
+    return dataclasses.replace(plan, notes=plan.notes + notes + tuple(profile.extra.get("notes", ())))
 
 
 def obtain_plan(cfg: TrainConfig, built: Built, *, mesh: DeviceMesh, rank: int) -> Plan:

@@ -23,6 +23,7 @@ starts from the same weights (FSDP2 shards what each rank built; it does not bro
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
@@ -75,10 +76,11 @@ class Task:
 def build(cfg: TrainConfig, *, world: int) -> Built:
     """The model `cfg.model` names, seeded with `cfg.seed`, and one worker's example inputs."""
     from shardsched.models.spec import parse_model_spec
+    from shardsched.models.hf import training_defaults
     spec = parse_model_spec(cfg.model)  # UsageError on a bad spec
-    if spec.text_lm:
-        return _build_text_lm(cfg, spec, world=world)
-    return _build_user(cfg, spec.name)
+    built = _build_text_lm(cfg, spec, world=world) if spec.text_lm else _build_user(cfg, spec.name)
+    training_defaults(built.model)  # HF models: KV cache off (models/hf.py), as the plan was profiled
+    return built
 
 
 def _build_text_lm(cfg: TrainConfig, spec, *, world: int) -> Built:
@@ -218,8 +220,10 @@ def check_task(cfg: TrainConfig, *, world: int) -> tuple[Built, Task]:
     """Build the model and run its forward on rank 0's first batch, in the parent,
     before any worker starts: a builder that raises or returns the wrong shape, a
     batch function that fails, or a loss that is not a scalar is one line (UsageError)."""
+    from shardsched.profile.layers import model_notes
     built = build(cfg, world=world)
     task = make_task(cfg, built, world=world)
+    task = dataclasses.replace(task, notes=model_notes(built.model) + task.notes)  # said on the console
     inputs = _guarded(lambda: task.train_batch(0, 0, world), f"batch_fn(0, 0, {world})", cfg.model)
     if not isinstance(inputs, (tuple, list)):
         raise UsageError(f"--model {cfg.model}: batch_fn(step, rank, world) must return a tuple of inputs, "

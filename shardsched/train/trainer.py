@@ -348,7 +348,7 @@ def _summary(run: _Run, start: int, peaks: list) -> dict:
         "predicted_step_seconds": plan.predicted.step_seconds,
         "tokens_per_s": run.task.tokens_per_step / median if median else None,
         "units": [{"name": u.name, "layers": list(u.layers), "strategy": u.strategy.value} for u in plan.units],
-        "notes": list(plan.notes) + list(run.task.notes),
+        "notes": list(dict.fromkeys([*plan.notes, *run.task.notes])),  # a model note is in both
         "fingerprint": plan.fingerprint,
         **budget_check(plan, max(known) if known else None),
     }

@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from shardsched._flags import MAX_SEED, check_int, check_positive_float, flag, reject_empty_strings
+from shardsched._flags import MAX_SEED, check_int, check_positive_float, flag, layers_items, reject_empty_strings
 from shardsched._json import loads_strict
 from shardsched._paths import check_run_dir
 from shardsched.errors import UsageError
@@ -94,6 +94,8 @@ def check_config(cfg: TrainConfig) -> None:
     check_positive_float("lr", cfg.lr, hi=MAX_LR)
     if cfg.precision not in _PRECISIONS:
         raise UsageError(f"--precision {cfg.precision!r}: accepted {', '.join(_PRECISIONS)}")
+    if cfg.layers is not None:
+        layers_items(cfg.layers)
 
 
 def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
@@ -109,6 +111,9 @@ def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
         parse_strategy_spec(cfg.strategy or "auto")
     run_device(cfg)  # a bad --cluster file is one line here
     built, task = check_task(cfg, world=world)  # the model builds, its data loads, its loss is a scalar
+    if cfg.layers is not None:
+        from shardsched.profile.layers import resolve_spec
+        resolve_spec(built.model, cfg.layers)  # every --layers item names a module of this model
     if cfg.plan:
         load_plan(cfg.plan, model=built.model, world=world)
     if cfg.resume:

@@ -3,9 +3,11 @@ plain and wrapped one level deep, run on FSDP2 at worlds 8 and 64, and the predi
 against FSDPMemTracker's. The profile is traced on fake tensors (profile/trace.py). The goal
 is 5% and the test asserts it (measured, with the backward workspace measured on the fake
 trace (`profile.workspace`) and fused units modelled module by module (docs/design.md, "Fused
-units"): every case within -2.6..+0.0%. The largest misses are T5 and GPT-2 full_shard,
--1.9..-2.6%: at the measured peak, 50-60 KiB more activations are live than the traced
-profile's saved tensors; not located further).
+units"): every case within -1.1..+2.6% (with the backward windows taken by gradient hooks and the HF causal
+mask traced as it runs, profile/trace.py; it was -2.6..+0.0%: T5 and GPT-2 full_shard had the trace's
+full backward hooks keep one gradient alive that FSDP2 does not).
+The new families (`NEW_FAMILIES`, issue 15) are a separate test: every plan must plan and run;
+their errors are printed (*** beyond 3%) and bounded loosely until the memory model catches up.
 
 Run with -s for the table (model, wrapping, world, strategy, units, measured, predicted, error).
 """
@@ -32,6 +34,40 @@ MODELS = {
     "vit": "hf:vit,num_hidden_layers=2,hidden_size=64,intermediate_size=128,num_attention_heads=2,image_size=32,"
            "patch_size=8,num_labels=10",
 }
+# Families no other test uses, at their real vocabularies (Gemma-2's 256k and Qwen2-MoE's 152k
+# are cut to 32k and 64k to keep the run short) and tiny widths: MoE experts (grouped matmul),
+# in-place ops (Falcon, ResNet), a shared layer (ALBERT), speech seq2seq (Whisper). Every plan
+# must plan and run; their 3% accuracy waits on the memory model (issue 15): the test prints
+# the table and asserts a loose bound, tightened once the model is in.
+NEW_FAMILIES = {
+    "mixtral (MoE)": "hf:mixtral,num_hidden_layers=2,hidden_size=64,intermediate_size=128,num_attention_heads=4,"
+                     "num_key_value_heads=2,num_local_experts=4,num_experts_per_tok=2,vocab_size=32000,"
+                     "max_position_embeddings=64",
+    "qwen2-moe": "hf:qwen2_moe,num_hidden_layers=2,hidden_size=64,intermediate_size=128,moe_intermediate_size=64,"
+                 "shared_expert_intermediate_size=128,num_experts=4,num_experts_per_tok=2,num_attention_heads=4,"
+                 "num_key_value_heads=2,vocab_size=65536,max_position_embeddings=64",
+    "olmoe": "hf:olmoe,num_hidden_layers=2,hidden_size=64,intermediate_size=64,num_experts=4,num_experts_per_tok=2,"
+             "num_attention_heads=4,num_key_value_heads=4,vocab_size=50304,max_position_embeddings=64",
+    "phi-3": "hf:phi3,num_hidden_layers=2,hidden_size=64,intermediate_size=128,num_attention_heads=4,"
+             "num_key_value_heads=4,vocab_size=32064,max_position_embeddings=64,original_max_position_embeddings=64,"
+             "pad_token_id=0",
+    "gpt-neox": "hf:gpt_neox,num_hidden_layers=2,hidden_size=64,intermediate_size=128,num_attention_heads=4,"
+                "vocab_size=50432,max_position_embeddings=64",
+    "opt": "hf:opt,num_hidden_layers=2,hidden_size=64,ffn_dim=128,num_attention_heads=4,word_embed_proj_dim=64,"
+           "vocab_size=50272,max_position_embeddings=64",
+    "falcon (in-place)": "hf:falcon,num_hidden_layers=2,hidden_size=64,num_attention_heads=4,vocab_size=65024",
+    "gemma-2": "hf:gemma2,num_hidden_layers=2,hidden_size=64,intermediate_size=128,num_attention_heads=4,"
+               "num_key_value_heads=2,head_dim=16,vocab_size=32768,max_position_embeddings=64",
+    "albert (shared layer)": "hf:albert,num_hidden_layers=2,hidden_size=64,intermediate_size=128,"
+                             "num_attention_heads=4,embedding_size=32,vocab_size=30000,max_position_embeddings=64",
+    "whisper (speech)": "hf:whisper,encoder_layers=2,decoder_layers=2,d_model=64,encoder_ffn_dim=128,"
+                        "decoder_ffn_dim=128,encoder_attention_heads=4,decoder_attention_heads=4,vocab_size=51865,"
+                        "max_source_positions=32,max_target_positions=64,num_mel_bins=16",
+    "resnet (in-place)": "hf:resnet,embedding_size=16,hidden_sizes=[16,32,64,128],depths=[1,1,2,1],"
+                         "layer_type=bottleneck,num_labels=1000",
+}
+NEW_TOLERANCE = 0.03  # reported (*** in the table), not asserted: see NEW_FAMILIES
+NEW_BOUND = 0.5  # asserted: a plan whose prediction is off by half is broken, not inexact
 STRATEGIES = ("replicate", "shard_grad_op", "full_shard", "auto")
 TOLERANCE = 0.05
 WRAPS = ((False, (8, 64)), (True, (64,)))
@@ -53,9 +89,9 @@ def build(spec, *, wrapped: bool, device: str):
     return (Wrapper(model) if wrapped else model), inputs
 
 
-def plans(profile, world: int) -> dict:
+def plans(profile, world: int, extra: tuple[str, ...] = ()) -> dict:
     cluster = Cluster(world=world, gpus_per_node=8, device=DEVICES["cpu"])
-    out = {s: make_plan(profile, cluster, strategy=s) for s in STRATEGIES[:3]}
+    out = {s: make_plan(profile, cluster, strategy=s) for s in STRATEGIES[:3] + extra}
     # A middle budget: halfway between the uniform extremes makes auto mix strategies.
     peaks = [out[s].predicted.peak_bytes for s in STRATEGIES[:3]]
     out["auto"] = make_plan(profile, cluster, strategy="auto", memory_budget_bytes=(max(peaks) + min(peaks)) // 2,
@@ -85,3 +121,34 @@ def test_hf_plans_run_on_fsdp2_and_peaks_match(name):
               f"predicted={r[6] / 2**20:7.3f} MiB error={r[7]:+.1%}")
     bad = [r for r in rows if abs(r[7]) > TOLERANCE]
     assert not bad, f"predicted peak off by more than {TOLERANCE:.0%}: {bad}"
+
+
+def _row_line(r) -> str:
+    flag = " ***" if abs(r[7]) > NEW_TOLERANCE else ""
+    return (f"{r[0]:22s} {r[1]:8s} world={r[2]:3d} {r[3]:15s} units={r[4]:32s} measured={r[5] / 2**20:8.3f} MiB "
+            f"predicted={r[6] / 2**20:8.3f} MiB error={r[7]:+.1%}{flag}")
+
+
+@pytest.mark.parametrize("name", list(NEW_FAMILIES))
+def test_new_families_plan_and_run(name):
+    """Every plan of the new families plans and runs on FSDP2 (worlds 8 and 64, every uniform
+    strategy, checkpointed full_shard, auto; replicate at world 8 only); errors beyond 3% are
+    marked *** in the table."""
+    torch.set_num_threads(1)
+    spec = parse_model_spec(NEW_FAMILIES[name])
+    model, inputs = spec.builder(micro_batch=2, seq=32, device="meta")
+    profile = trace_profile(model, inputs, name=name, device=DEVICES["cpu"])
+    assert len(profile.layers) >= 3, [layer.name for layer in profile.layers]
+    rows = []
+    for world in (8, 64):
+        for strategy, plan in plans(profile, world, extra=("full_shard+ckpt",)).items():
+            if strategy == "replicate" and world != 8:
+                continue  # replicate holds the same bytes at every world (measured: identical rows)
+            model, inputs = spec.builder(micro_batch=2, seq=32, device="cpu")
+            measured = measured_peak(model, inputs, plan)
+            units = ",".join(f"{u.strategy.value[:3]}{'+ck' if u.checkpoint else ''}" for u in plan.units)
+            rows.append((name, "plain", world, strategy, units[:32], measured, plan.predicted.peak_bytes,
+                         plan.predicted.peak_bytes / measured - 1))
+    for r in rows:
+        print(_row_line(r))
+    assert not [r for r in rows if abs(r[7]) > NEW_BOUND], rows

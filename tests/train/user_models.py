@@ -103,3 +103,44 @@ def failing_batch_fn():
         raise KeyError("no shard for this rank")
     return Regression(), _regression_batch(0, 0, 2), batch_fn
 
+
+
+# ---------------------------------------------------------------- BatchNorm
+
+class ConvBlock(nn.Module):
+    """conv-BN-ReLU-conv-BN with a residual: running statistics in a checkpointable layer."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(width, width, 3, padding=1), nn.BatchNorm2d(width)
+        self.conv2, self.bn2 = nn.Conv2d(width, width, 3, padding=1), nn.BatchNorm2d(width)
+
+    def forward(self, x):
+        return F.relu(x + self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x))))))
+
+
+class BatchNormCNN(nn.Module):
+    def __init__(self, width: int = 8, classes: int = 5):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU())
+        self.blocks = nn.ModuleList([ConvBlock(width), ConvBlock(width)])
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x, y):
+        h = self.stem(x)
+        for block in self.blocks:
+            h = block(h)
+        return F.cross_entropy(self.head(h.mean((2, 3))), y)
+
+
+def _image_batch(step: int, rank: int, world: int) -> tuple:
+    """The whole global batch on every rank: BatchNorm's batch statistics then equal one
+    process's, so losses and running statistics can be compared exactly. Two batches in
+    turn: the model learns them within a short run."""
+    g = torch.Generator().manual_seed(2000 + step % 2)
+    x = torch.randn(BATCH, 3, 8, 8, generator=g)
+    return x, x.mean((2, 3)).argmax(1)  # learnable: the brightest channel
+
+
+def bn_cnn():
+    return BatchNormCNN(), _image_batch(0, 0, 1), _image_batch
