@@ -147,6 +147,7 @@ def unit_cost(layers: list[LayerProfile]) -> UnitCost:
                     checkpointed_lead_bytes=sum(map(kept_when_checkpointed, layers[:-1])) + last_input,
                     workspace_bytes=workspace_bytes(layers),
                     outside_workspace_bytes=layers[-1].outside_workspace_bytes,
+                    outside_activation_bytes=layers[-1].outside_bytes if layers[-1].outside_workspace_bytes else 0,
                     input_bytes=sum(map(kept_when_checkpointed, layers)),
                     layer_bytes=layer_bytes(layers),
                     layer_dims=tuple(layer.dims for layer in layers) if all(

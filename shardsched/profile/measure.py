@@ -19,7 +19,7 @@ from shardsched.errors import UsageError
 from shardsched.profile import layers as L
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
-from shardsched.profile.workspace import BackwardWorkspace, watch_backward
+from shardsched.profile.workspace import ROOT_TAIL, BackwardWorkspace, watch_backward
 from shardsched.profile.workspace_terms import layer_workspace, outside_workspace
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -284,12 +284,14 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
 
     def lp(n: str, params: list, kids: tuple = ()) -> LayerProfile:
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
+        root = n == L.ROOT  # its workspace is its backward tail ([Note: the root's backward tail])
         return LayerProfile(name=n, params=sum(p.numel() for p in params), dims=L.dims(params),
                             forward_seconds=fwd.get(n, 0.0), backward_seconds=bwd.get(n, 0.0),
                             activation_bytes=mem.acts.get(n, 0),
-                            workspace_bytes=layer_workspace(mem.workspace.get(n, 0), mem.acts.get(n, 0), grad_bytes,
-                                                            mem.outside_largest.get(n, 0)),
-                            outside_workspace_bytes=outside_workspace(mem.outside_largest.get(n, 0)),
+                            workspace_bytes=mem.workspace.get(ROOT_TAIL, 0) if root else layer_workspace(
+                                mem.workspace.get(n, 0), mem.acts.get(n, 0) - mem.outside.get(n, 0), grad_bytes,
+                                mem.outside_largest.get(n, 0)),
+                            outside_workspace_bytes=0 if root else outside_workspace(mem.outside_largest.get(n, 0)),
                             input_bytes=hooks.input_bytes.get(n, 0), outside_bytes=mem.outside.get(n, 0),
                             children=kids)
 

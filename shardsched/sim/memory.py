@@ -223,14 +223,24 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
     # start all activations are live, at the end all gradients; the workspace
     # (gradients of the largest activations) is live throughout.
     start, later = live.backward_own(i)
-    moments = [_mb(live, unsharded=live.unsharded_live(s), grads=grads, act=start, comm=held_rs + pending),
-               _mb(live, unsharded=live.unsharded_live(s), grads=grads + live.ugrad[i],
-                   act=live.activations(i - 1) + sc.units[i].workspace_bytes, comm=held_rs + pending),
-               _mb(live, unsharded=live.unsharded_live(s, exclude=i), grads=grads + live.ugrad[i],
-                   act=live.activations(i - 1), comm=live.rsbuf[i] + pending)]
     # Inside a unit of several modules, the modules done have reduced their gradients
     # already: counted as the whole unit's shards ([Note: checkpointed units, layer by layer]).
     own_sharded = live.shard[i] * sc.state.grad
+    moments = [_mb(live, unsharded=live.unsharded_live(s), grads=grads, act=start, comm=held_rs + pending)]
+    ends = None if live.ddp else sc.module_end_bytes(i)
+    if ends is None:
+        moments += [_mb(live, unsharded=live.unsharded_live(s), grads=grads + live.ugrad[i],
+                        act=live.activations(i - 1) + sc.units[i].workspace_bytes, comm=held_rs + pending),
+                    _mb(live, unsharded=live.unsharded_live(s, exclude=i), grads=grads + live.ugrad[i],
+                        act=live.activations(i - 1), comm=live.rsbuf[i] + pending)]
+    else:  # module by module (`UnitCost.module_ends`); the unit stays gathered until its last
+        (g0, a0, _), (g1, a1, r1), (g2, a2, r2) = ends
+        act = live.activations(i - 1)
+        moments += [_mb(live, unsharded=live.unsharded_live(s), grads=grads + g0, act=act + a0, comm=held_rs + pending),
+                    _mb(live, unsharded=live.unsharded_live(s), grads=grads + own_sharded + g1, act=act + a1,
+                        comm=r1 + pending),
+                    _mb(live, unsharded=live.unsharded_live(s), grads=grads + own_sharded + g2, act=act + a2,
+                        comm=r2 + pending)]
     if later:  # a checkpointed unit's earlier layers: its own last ReduceScatter input held instead
         moments.append(_mb(live, unsharded=live.unsharded_live(s), grads=grads + own_sharded, act=later, comm=pending))
     outside = sc.units[i].outside_workspace_bytes

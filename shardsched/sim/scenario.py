@@ -50,6 +50,9 @@ class UnitCost:
     outside_workspace_bytes: int = 0
     """Transient of the backward of code outside its last layer (a loss after it), which runs
     before FSDP2 gathers the unit for backward (`LayerProfile.outside_workspace_bytes`)."""
+    outside_activation_bytes: int = 0
+    """What that code saved (`LayerProfile.outside_bytes` of its last layer): its backward
+    frees them before the unit's own backward starts."""
     layer_dims: tuple[tuple[tuple[int, int], ...], ...] = ()
     """`dims` per layer (for the per-module ReduceScatter inputs of a fused unit); () = unknown."""
 
@@ -75,8 +78,8 @@ class UnitCost:
         for k, (kept, _, ws, _, redo, _) in enumerate(layers):
             if k + 1 < len(layers):
                 inner = max(inner, int(before + redo + ws + layers[k + 1][3] * reduce_bytes))
-            else:
-                last = before + redo + ws
+            else:  # the loss after it already ran its backward, freeing what it saved
+                last = before + redo - self.outside_activation_bytes + ws
             before += kept
         return last, inner
 
@@ -89,9 +92,11 @@ class UnitCost:
         if not self.layer_bytes:
             return self.activation_bytes + self.workspace_bytes
         best, acts = 0, 0
-        for _, act, ws, _, _, _ in self.layer_bytes:
+        for k, (_, act, ws, _, _, _) in enumerate(self.layer_bytes):
             acts += act
-            best = max(best, acts + ws)
+            # the last layer's outside code (the loss) ran its backward first, freeing what it saved
+            freed = self.outside_activation_bytes if k + 1 == len(self.layer_bytes) else 0
+            best = max(best, acts - freed + ws)
         return best
 
     def forward_peak(self) -> int:
@@ -105,6 +110,27 @@ class UnitCost:
             acts += act
             best = max(best, acts + produced)
         return best
+
+    def module_ends(self, grad_bytes: float, reduce_bytes: float, *, checkpointed: bool) -> tuple[
+            tuple[int, int, int], tuple[int, int, int], tuple[int, int, int]]:
+        """A unit of several modules, as FSDP2 reduces it module by module: its own (gradients,
+        activations and workspace, reduction input) bytes at the end of its last layer's
+        backward (the previous unit's ReduceScatter input held: the caller's), the most at the
+        end of another layer's (layer k+1's input held), and the most at a module's reduce.
+        Layer k's backward ends with its unsharded gradients and workspace next to the
+        activations (kept bytes when checkpointed) of layers 0..k-1; charging the whole unit's
+        gradients next to its largest workspace over-predicted fused HF decoders by 12-18%."""
+        layers, before = self.layer_bytes, 0
+        last = inner = red = (0, 0, 0)
+        for k, (kept, act, ws, params, _, _) in enumerate(layers):
+            g = int(params * grad_bytes)
+            if k + 1 < len(layers):
+                inner = max(inner, (g, before + ws, int(layers[k + 1][3] * reduce_bytes)), key=sum)
+            else:
+                last = (g, before + ws, 0)
+            red = max(red, (g, before, int(params * reduce_bytes)), key=sum)
+            before += kept if checkpointed else act
+        return last, inner, red
 
     def backward_regather(self, reduce_bytes: float, *, checkpointed: bool) -> int:
         """Its own bytes at the copy-out of a later module's AllGather in its backward:
@@ -183,6 +209,13 @@ class Scenario:
         if not self.ckpt(i):
             return u.backward_peak(), 0
         return u.checkpointed_backward(self.state.reduce)
+
+    def module_end_bytes(self, i: int):
+        """`UnitCost.module_ends` of unit i (None for a unit of one layer)."""
+        u = self.units[i]
+        if len(u.layers) < 2 or not u.layer_bytes:
+            return None
+        return u.module_ends(self.state.unsharded_grad, self.state.reduce, checkpointed=self.ckpt(i))
 
     def regather_bytes(self, i: int) -> int:
         """Unit i's own bytes when a later module gathers again in its backward (0: one module)."""

@@ -99,9 +99,13 @@ class Evaluator:
         own, later = c.ckbwd[i] if ck else (c.bwd_own[i], 0)  # `Scenario.backward_bytes`
         own_sharded = G[i] - G[i + 1]  # its modules done reduced theirs (`sim.memory._backward`)
         m = max(u + self.act[i] + own + held_rs + inc[s],  # backward starts (checkpointed: recomputed)
-                u + self.act[i] + later + own_sharded + inc[s] if later else 0,  # a checkpointed unit's earlier layers
-                u + c.ugrad[i] + self.act[i] + c.ws[i] + held_rs + inc[s],  # backward ends
-                c.ugrad[i] + self.act[i] + rs[i][0] + inc[s])  # reduce
+                u + self.act[i] + later + own_sharded + inc[s] if later else 0)  # a checkpointed unit's earlier layers
+        if c.ends[i] is None:
+            m = max(m, u + c.ugrad[i] + self.act[i] + c.ws[i] + held_rs + inc[s],  # backward ends
+                    c.ugrad[i] + self.act[i] + rs[i][0] + inc[s])  # reduce
+        else:  # module by module (`UnitCost.module_ends`)
+            last, inner, red = c.ends[i][ck]
+            m = max(m, u + self.act[i] + last + held_rs + inc[s], u + self.act[i] + max(inner, red) + own_sharded + inc[s])
         outside = self.p.costs[i].outside_workspace_bytes  # the loss's backward, before it gathers
         if outside:
             m = max(m, held[i] + self.act[i + 1] + outside + held_rs + exc[s])

@@ -168,6 +168,10 @@ class Costs(NamedTuple):
     """A unit's own bytes at the peak of its forward, plain and checkpointed (`Scenario.forward_bytes`)."""
     bwd_own: list[int]
     """A unit's own bytes as its backward starts, not checkpointed (`UnitCost.backward_peak`)."""
+    ends: list
+    """A unit of several modules: its own bytes at the end of its last layer's backward, at the
+    others' ends and at a module's reduce, plain and checkpointed (`Scenario.module_end_bytes`,
+    each a sum); None for a unit of one layer."""
     rs_kept_by: list[dict]
     """Reduction input retained after its backward, per strategy (`UnitCost.module_reduce_numel`)."""
     lead: list[int]
@@ -210,9 +214,16 @@ def costs_of(p: Problem) -> Costs:
                             c.backward_regather(sb.reduce, checkpointed=True)) for c in p.costs],
                  fwd_own=[(plain.forward_bytes(i), ckpt.forward_bytes(i)) for i in range(sc.n)],
                  bwd_own=[c.backward_peak() for c in p.costs], rs_kept_by=rs_kept_by,
+                 ends=[_end_sums(plain, ckpt, i) for i in range(sc.n)],
                  lead=[c.lead_activation_bytes for c in p.costs], cklead=[c.checkpointed_lead_bytes for c in p.costs],
                  state=sb, input_bytes=sc.input_bytes, opt_factor=sc.optimizer_workspace_factor,
                  opt_per_param=optimizer_seconds_per_param(sb, cl))
+
+
+def _end_sums(plain, ckpt, i: int):
+    """(plain, checkpointed) sums of `Scenario.module_end_bytes` of unit i, or None."""
+    a, b = plain.module_end_bytes(i), ckpt.module_end_bytes(i)
+    return None if a is None else (tuple(map(sum, a)), tuple(map(sum, b)))
 
 
 def windows(n: int, ahead: int) -> tuple[list[range], list[range]]:
@@ -479,9 +490,15 @@ class _Build:
             ag = self.zexpr(i, {k: forward_gathers(unit, k) * c.unsh_by[i][k] * g for k in self.z[i]})
             terms = _add(_add(_add(_add(pend, u), ag), own_sharded), self._ck_term(i, ckpt - plain))
             self._mem(s, terms, k0 + (plain + inp) * g, cap)
-        self._mem(s, _add(_add(pend, u), held_rs), k0 + (c.ugrad[i] + c.ws[i] + inp) * g, cap)
-        self._mem(s, _add(pend, self.zexpr(i, {k: c.rs_by[i][k] * g for k in self.z[i]})),
-                  k0 + (c.ugrad[i] + inp) * g, cap)
+        if c.ends[i] is None:  # backward ends, reduce
+            self._mem(s, _add(_add(pend, u), held_rs), k0 + (c.ugrad[i] + c.ws[i] + inp) * g, cap)
+            self._mem(s, _add(pend, self.zexpr(i, {k: c.rs_by[i][k] * g for k in self.z[i]})),
+                      k0 + (c.ugrad[i] + inp) * g, cap)
+        else:  # module by module (`UnitCost.module_ends`): its last layer's end, the others', a reduce
+            plain_ends, ck_ends = c.ends[i]
+            for k, (pl, ck) in enumerate(zip(plain_ends, ck_ends)):
+                held = held_rs if k == 0 else own_sharded
+                self._mem(s, _add(_add(_add(pend, u), held), self._ck_term(i, ck - pl)), k0 + (pl + inp) * g, cap)
         gate = [self.z[i][k] for k in self.z[i] if k.gathers_for_backward]
         if gate:  # counts only for those strategies: gate with big-M on their z
             own = self.zexpr(i, {k: ((2 * c.unsh_by[i][k] + c.held[i][k]) * g if k.gathers_for_backward else 0.0)
