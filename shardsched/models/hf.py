@@ -57,6 +57,11 @@ _MASKED = {"bert", "roberta", "distilbert", "albert", "electra", "camembert", "x
            "deberta", "deberta-v2", "megatron-bert", "ernie"}
 
 
+# Keys that size the example inputs rather than the model: a convolutional net (ResNet)
+# has no `image_size` in its config but takes any; `,image_size=32` makes tests quick.
+_INPUT_KEYS = ("image_size",)
+
+
 def _transformers():
     try:
         import transformers
@@ -94,9 +99,31 @@ def _config_dict(name: str) -> dict:
     raise UsageError(f"hf: unknown model {name!r} (no network: only configs known offline); accepted: {ACCEPTED}")
 
 
+def split_top_level(body: str) -> list[str]:
+    """`body` split at commas outside brackets, so list values such as ResNet's
+    `hidden_sizes=[16,32,64,128]` stay one override."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(body):
+        depth += (ch in "[{(") - (ch in "]})")
+        if ch == "," and depth == 0:
+            parts.append(body[start:i])
+            start = i + 1
+    return parts + [body[start:]]
+
+
+def _override(config, name: str, key: str, raw: str) -> None:
+    """config.key = value; a value the config's own validation refuses is one line."""
+    try:
+        setattr(config, key, _value(raw))
+    except Exception as e:  # transformers validates typed fields on assignment
+        msg = str(e).strip().splitlines()[-1].strip() if str(e).strip() else type(e).__name__
+        raise UsageError(f"hf: {name} config refuses {key}={raw} ({msg[:160]}); "
+                         f"lists are written [a,b,...]") from None
+
+
 def hf_config(body: str):
     """The `transformers` config for the text after `hf:`."""
-    name, *items = [s.strip() for s in body.split(",")]
+    name, *items = [s.strip() for s in split_top_level(body)]
     if not name:
         raise UsageError(f"hf: no model named; accepted: {ACCEPTED}")
     data = _config_dict(name)
@@ -111,10 +138,10 @@ def hf_config(body: str):
         key = key.strip()
         if not sep:
             raise UsageError(f"hf: bad override {item!r}: expected key=value; accepted: {ACCEPTED}")
-        if key not in known and not hasattr(config, key):
+        if key not in known and not hasattr(config, key) and key not in _INPUT_KEYS:
             some = ", ".join(sorted(k for k in known if not k.startswith("_"))[:12])
             raise UsageError(f"hf: {name} config has no key {key!r}; accepted keys include: {some}, ...")
-        setattr(config, key, _value(raw.strip()))
+        _override(config, name, key, raw.strip())
     if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
         # Seq2seq models shift labels right from this id; T5's checkpoints use the pad id, 0.
         config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0

@@ -100,8 +100,7 @@ def run_plan(args: argparse.Namespace) -> int:
     precision = Precision(args.precision or ("fp32" if cluster.device.name == "cpu" else "bf16-mixed"))
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
     existing = read_plan(args.plan) if args.plan else None  # validate input before any work
-    profile = profile_for(spec, micro_batch=args.micro_batch, seq=args.seq, device=cluster.device,
-                          precision=precision, measure=args.measure)
+    profile = _profile(spec, args, cluster, precision)
     if existing is not None:
         plan = reevaluate(existing, profile, cluster, budget)
     else:
@@ -128,6 +127,23 @@ def run_plan(args: argparse.Namespace) -> int:
         from shardsched.plan.report import print_plan
         print_plan(plan, profile, cluster, wide=args.wide)
     return 0
+
+
+def _profile(spec, args: argparse.Namespace, cluster: Cluster, precision: Precision):
+    """profile_for, with a model that fails when run for real (`--measure`) one line, not a
+    traceback: the model's own code raised, so the line names what it raised and the way out."""
+    try:
+        return profile_for(spec, micro_batch=args.micro_batch, seq=args.seq, device=cluster.device,
+                           precision=precision, measure=args.measure)
+    except (UsageError, KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - the model's forward/backward under the measuring hooks
+        if not args.measure:
+            raise
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise UsageError(f"--measure: running {spec.name} on this machine raised {type(e).__name__}: {msg[:200]}; "
+                         f"accepted: leave out --measure (traced on fake tensors), or another --micro-batch/--seq"
+                         ) from None
 
 
 def device_memory_warning(plan: Plan, cluster: Cluster) -> None:
