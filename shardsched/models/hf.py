@@ -6,11 +6,12 @@ Forms (`,key=value` overrides the config's own keys):
   hf:gpt2 | hf:llama | hf:bert ...       a `transformers` model type with its default config
   hf:gpt2,n_layer=4,n_embd=256           any of the above with overrides
 
-The model is wrapped to fit the project's contract (`HFTask`): language models take
+The model gets the project's contract (models/hf_task.py): language models take
 `forward(idx, targets)` with byte tokens (batch, seq) and return the scalar loss with
 the model's own objective; vision models take `forward(pixel_values, labels)`. The
-HF model is the wrapper's submodule `model`; layer discovery looks through it
-(profile/layers.py). `transformers` is imported only here, only for `hf:`.
+module is the HF model itself (its forward replaced on the instance), so a plan's
+layer names and fingerprint are those of `AutoModelFor...from_config(config)`.
+`transformers` is imported only here, only for `hf:`.
 """
 from __future__ import annotations
 
@@ -111,14 +112,28 @@ def split_top_level(body: str) -> list[str]:
     return parts + [body[start:]]
 
 
-def _override(config, name: str, key: str, raw: str) -> None:
-    """config.key = value; a value the config's own validation refuses is one line."""
+def _overrides(config, name: str, items: list[str]) -> dict:
+    """{key: value} of the `,key=value` items; a key the config does not have is one line."""
+    known, out = config.to_dict(), {}
+    for item in filter(None, items):
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep:
+            raise UsageError(f"hf: bad override {item!r}: expected key=value; accepted: {ACCEPTED}")
+        if key not in known and not hasattr(config, key) and key not in _INPUT_KEYS:
+            some = ", ".join(sorted(k for k in known if not k.startswith("_"))[:12])
+            raise UsageError(f"hf: {name} config has no key {key!r}; accepted keys include: {some}, ...")
+        out[key] = _value(raw.strip())
+    return out
+
+
+def _construct(cls, name: str, values: dict):
+    """cls(**values); a value the config's own validation refuses is one line."""
     try:
-        setattr(config, key, _value(raw))
-    except Exception as e:  # transformers validates typed fields on assignment
+        return cls(**values)
+    except Exception as e:  # transformers validates typed fields and consistency here
         msg = str(e).strip().splitlines()[-1].strip() if str(e).strip() else type(e).__name__
-        raise UsageError(f"hf: {name} config refuses {key}={raw} ({msg[:160]}); "
-                         f"lists are written [a,b,...]") from None
+        raise UsageError(f"hf: {name} config refuses these values ({msg[:160]}); lists are written [a,b,...]") from None
 
 
 def hf_config(body: str):
@@ -131,17 +146,11 @@ def hf_config(body: str):
     model_type = data.pop("model_type")
     if model_type not in tf.CONFIG_MAPPING:
         raise UsageError(f"hf: model_type {model_type!r} is not known to transformers {tf.__version__}")
-    config = tf.CONFIG_MAPPING[model_type](**{k: v for k, v in data.items() if not k.startswith("_")})
-    known = config.to_dict()
-    for item in filter(None, items):
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep:
-            raise UsageError(f"hf: bad override {item!r}: expected key=value; accepted: {ACCEPTED}")
-        if key not in known and not hasattr(config, key) and key not in _INPUT_KEYS:
-            some = ", ".join(sorted(k for k in known if not k.startswith("_"))[:12])
-            raise UsageError(f"hf: {name} config has no key {key!r}; accepted keys include: {some}, ...")
-        _override(config, name, key, raw.strip())
+    cls = tf.CONFIG_MAPPING[model_type]
+    base = {k: v for k, v in data.items() if not k.startswith("_")}
+    # Overrides go to the constructor, not setattr afterwards: values derived there
+    # (Llama's head_dim = hidden_size // num_attention_heads) must see them.
+    config = _construct(cls, name, {**base, **_overrides(_construct(cls, name, base), name, items)})
     if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
         # Seq2seq models shift labels right from this id; T5's checkpoints use the pad id, 0.
         config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0

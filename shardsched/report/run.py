@@ -50,7 +50,8 @@ def write_report(run_dir: str, out: str | None = None) -> Path:
     step_time.set(title="step time", xlabel="step", ylabel="ms")
     step_time.legend()
     tokens.plot(steps, [r["tokens_per_s"] for r in rows], lw=0.8)
-    tokens.set(title="throughput", xlabel="step", ylabel="tokens/s")
+    unit = {"img": "images/s", "rows": "rows/s"}.get(summary.get("throughput_unit"), "tokens/s")
+    tokens.set(title="throughput", xlabel="step", ylabel=unit)
     _memory_panel(memory, summary)
     return save(fig, out or Path(run_dir) / REPORT_NAME)
 

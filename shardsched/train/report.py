@@ -16,7 +16,8 @@ def print_summary(summary: dict) -> None:
     if summary.get("last_val_loss") is not None:
         table.add_row("validation loss (last)", f"{summary['last_val_loss']:.4f}", "")
     tps = summary["tokens_per_s"]
-    table.add_row("tokens/s", "n/a" if tps is None else f"{tps:,.0f}", "")
+    unit = {"img": "images/s", "rows": "rows/s"}.get(summary.get("throughput_unit"), "tokens/s")
+    table.add_row(unit, "n/a" if tps is None else f"{tps:,.0f}", "")
     table.add_row("peak memory per worker", fmt_bytes(summary["measured_peak_bytes"]),
                   fmt_bytes(summary["predicted_peak_bytes"]))
     table.add_row("step time (median)", fmt_seconds(summary["measured_step_seconds"]),

@@ -107,7 +107,7 @@ def _build_vision(cfg: TrainConfig, spec, *, world: int) -> Built:
     check_divisible(batch=cfg.batch, world=world)
     model, inputs = _call_builder(lambda: spec.builder(micro_batch=cfg.batch // world, seed=cfg.seed), cfg.model)
     pixels = inputs[0]
-    classes = int(getattr(getattr(model, "model", model).config, "num_labels", 2))
+    classes = int(getattr(model.config, "num_labels", 2))
     fn = image_batch_fn(shape=tuple(pixels.shape[1:]), classes=classes, batch=cfg.batch, seed=cfg.seed)
     return Built(model=model, example_inputs=fn(0, 0, world), batch_fn=fn, text_lm=False)
 
@@ -226,7 +226,7 @@ def make_task(cfg: TrainConfig, built: Built, *, world: int) -> Task:
                     tokens_per_step=cfg.batch * cfg.seq, data_used=used)
     if built.batch_fn is not None and parse_model_spec(cfg.model).sized:
         pixels = built.example_inputs[0]
-        classes = int(getattr(getattr(built.model, "model", built.model).config, "num_labels", 2))
+        classes = int(getattr(built.model.config, "num_labels", 2))
         val = image_batch_fn(shape=tuple(pixels.shape[1:]), classes=classes, batch=cfg.batch, seed=cfg.seed, salt=1)
         return Task(train_batch=built.batch_fn, eval_batch=val, tokens_per_step=cfg.batch, unit="img",
                     data_used={"source": f"synthetic images: {classes} classes of {tuple(pixels.shape[1:])}"})

@@ -296,7 +296,7 @@ def _train(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.devic
     if run.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(run.device)
     mode = progress_mode(quiet=cfg.quiet, stream=sys.stdout) if rank == 0 else ProgressMode.QUIET
-    progress = Progress(mode=mode, start=start, total=cfg.steps, log=log,
+    progress = Progress(mode=mode, start=start, total=cfg.steps, log=log, unit=run.task.unit,
                         every=cfg.log_every or default_every(start=start, total=cfg.steps))
     progress.begin(f"{cfg.model}, {mesh.size()} workers, {_plan_words(run.plan)}")
     if cpu_peak is not None:
@@ -344,6 +344,7 @@ def _summary(run: _Run, start: int, peaks: list) -> dict:
         "measured_step_seconds": median,
         "predicted_step_seconds": plan.predicted.step_seconds,
         "tokens_per_s": run.task.tokens_per_step / median if median else None,
+        "throughput_unit": run.task.unit,
         "units": [{"name": u.name, "layers": list(u.layers), "strategy": u.strategy.value} for u in plan.units],
         "notes": list(plan.notes) + list(run.task.notes),
         "fingerprint": plan.fingerprint,
