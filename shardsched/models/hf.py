@@ -172,14 +172,34 @@ def task_of(config) -> str:
     raise UsageError(f"hf: model type {mt!r} has no causal, masked, seq2seq LM or image-classification head")
 
 
-def hf_builder(body: str) -> tuple[Callable[..., tuple["nn.Module", tuple]], bool]:
-    """(builder, text_lm) for `hf:body`; the config is checked now, at parse time.
-    builder(*, micro_batch=2, seq=None, device="cpu", seed=0) -> (wrapped model, example inputs)."""
+SEQ_CAP = 4096
+"""The longest default sequence an `hf:` plan assumes (Llama-2's 4096 positions fit)."""
+
+
+def default_seq(config) -> tuple[int, str | None]:
+    """(the sequence length a plan of this language model assumes without --seq, why it is
+    not the model's full length or None). The model's own positions (`n_positions`,
+    `max_position_embeddings`; T5's relative positions have no limit: 512, its training
+    length), capped at SEQ_CAP: a traced model runs eager attention, which keeps
+    seq x seq scores per head, and at 32K-131K positions those would swamp every plan
+    with memory that fused attention never allocates."""
+    own = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 512
+    if own <= SEQ_CAP:
+        return own, None
+    return SEQ_CAP, (f"sequence {SEQ_CAP}, not the model's {own} positions: eager attention's seq x seq scores "
+                     f"would dominate the plan at that length (give --seq to plan another)")
+
+
+def hf_builder(body: str) -> tuple[Callable[..., tuple["nn.Module", tuple]], bool, str | None]:
+    """(builder, text_lm, seq_note) for `hf:body`; the config is checked now, at parse time.
+    builder(*, micro_batch=2, seq=None, device="cpu", seed=0) -> (model, example inputs);
+    seq None: `default_seq`, whose reason for a capped length is `seq_note`."""
     config = hf_config(body)
     task = task_of(config)
+    seq_note = default_seq(config)[1] if task != "vision" else None
 
     def build(*, micro_batch: int = 2, seq: int | None = None, device: str = "cpu", seed: int = 0):
         from shardsched.models.hf_task import build_task
         return build_task(config, task, micro_batch=micro_batch, seq=seq, device=device, seed=seed)
 
-    return build, task != "vision"
+    return build, task != "vision", seq_note

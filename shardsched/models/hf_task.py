@@ -124,8 +124,9 @@ def example_inputs(config, task: str, *, micro_batch: int, seq: int | None, seed
         channels = getattr(config, "num_channels", 3)
         pixels = torch.randn(micro_batch, channels, size, size, generator=gen)
         return pixels, torch.randint(0, config.num_labels, (micro_batch,), generator=gen)
-    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 512
-    seq = seq or min(128, limit)
+    from shardsched.models.hf import default_seq
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or seq or 512
+    seq = seq or default_seq(config)[0]
     if seq > limit:
         raise UsageError(f"seq={seq} exceeds the model's {limit} positions")
     vocab = min(256, config.vocab_size - (1 if task == "masked" else 0))

@@ -88,7 +88,8 @@ def _folded(rows: list[dict]) -> list[dict]:
 def unit_table(plan: Plan, profile: Profile, cluster: Cluster, *, wide: bool = False) -> Table:
     rows = _unit_rows(plan, profile, cluster)
     columns = WIDE_COLUMNS if wide else NARROW_COLUMNS
-    t = Table(title=f"plan for {plan.model} on {plan.world} x {plan.device}: {len(plan.units)} units",
+    t = Table(title=f"plan for {plan.model} on {plan.world} x {plan.device}, {shape_words(plan)}: "
+                    f"{plural(len(plan.units), 'unit')}",
               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in columns:
         t.add_column(col, justify="left" if col in LEFT else "right", overflow="fold",
@@ -96,6 +97,15 @@ def unit_table(plan: Plan, profile: Profile, cluster: Cluster, *, wide: bool = F
     for r in rows if wide else _folded(rows):
         t.add_row(*(r[c] for c in columns))
     return t
+
+
+def shape_words(plan: Plan) -> str:
+    """What one worker's step holds, as the plan assumed it: "micro-batch 4 x seq 1024"."""
+    return f"micro-batch {plan.micro_batch}" + (f" x seq {plan.seq}" if plan.seq else "")
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def summary_lines(plan: Plan) -> list[str]:

@@ -312,8 +312,11 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
 
 
 def batch_and_seq(inputs: tuple) -> tuple[int, int]:
-    """(batch, seq) from a 2-D integer first input (token ids), else (1, 0)."""
+    """(batch, seq) from a 2-D integer first input (token ids); (leading dimension, 0) for
+    another tensor (images: the micro-batch is still what plans state); else (1, 0)."""
     first = inputs[0] if inputs else None
     if isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point():
         return int(first.shape[0]), int(first.shape[1])
+    if isinstance(first, torch.Tensor) and first.dim() >= 1:
+        return int(first.shape[0]), 0
     return 1, 0

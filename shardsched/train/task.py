@@ -152,9 +152,9 @@ def _build_user(cfg: TrainConfig, name: str) -> Built:
 def _user_function(name: str) -> Callable[[], Any]:
     """The raw `python:module:function` (spec parsing already checked that it imports).
 
-    [Note: models.spec wraps the function into a builder that accepts only the
-    2-tuple form, which `plan` needs; training also takes a batch function, so the
-    function itself is looked up again here.]"""
+    [Note: models.spec wraps the function into a builder that keeps only
+    (model, example_inputs), which `plan` needs; training also takes the batch
+    function, so the function itself is looked up again here.]"""
     from shardsched.models.spec import _import
     module_name, _, func_name = name[len("python:"):].rpartition(":")
     return getattr(_import(module_name), func_name)
