@@ -86,6 +86,7 @@ class Progress:
                  log: TextIO | None = None, terminal: TextIO | None = None, unit: str = "tok"):
         self.mode, self.start, self.total, self.every, self.log = mode, start, total, every, log
         self.unit = unit  # what the throughput counts: "tok", "img" (vision models) or "rows"
+        self.last = start  # the last step finished: an interrupted run stops before `total`
         self.t0 = time.perf_counter()
         self.extra = ""
         self.bar = None
@@ -104,6 +105,7 @@ class Progress:
 
     def update(self, step: int, *, loss: float, tokens_per_s: float, step_seconds: float,
                val_loss: float | None = None) -> None:
+        self.last = step
         info = f"loss {loss:.4f}  {tokens_per_s:,.0f} {self.unit}/s{self.extra}"
         if self.bar is not None:
             progress, task = self.bar
@@ -122,7 +124,11 @@ class Progress:
         if self.bar is not None:
             self.bar[0].stop()
         elapsed = time.perf_counter() - self.t0
-        self._emit(f"train: done, {self.total - self.start} steps in {elapsed:.1f} s")
+        ran = f"{self.last - self.start} steps in {elapsed:.1f} s"
+        if self.last < self.total:  # interrupted (a signal, a failed worker): never "done"
+            self._emit(f"train: stopped at step {self.last} of {self.total} ({ran})")
+        else:
+            self._emit(f"train: done, {ran}")
 
 
 def _rich_bar(stream: TextIO, *, start: int, total: int):

@@ -64,6 +64,10 @@ class Task:
     """(i, rank, world) -> inputs of validation batch i; None: no validation loss."""
     tokens_per_step: int
     """Tokens (text models) or leading-dimension rows (others) of one global batch."""
+    micro_batch: int = 0
+    """Rows of one worker's batch (the shape the console states; 0: not known)."""
+    seq: int = 0
+    """Tokens per row (0: not token sequences)."""
     unit: str = "tok"
     """What tokens_per_step counts, as the console prints it per second: "tok", "img" or "rows"."""
     notes: tuple[str, ...] = ()
@@ -212,6 +216,16 @@ def _corpus_fn(tokens: torch.Tensor, *, batch: int, seq: int, seed: int, salt: i
 
 
 def make_task(cfg: TrainConfig, built: Built, *, world: int) -> Task:
+    """Where each step's inputs come from, and the shape of one worker's batch."""
+    import dataclasses
+
+    from shardsched.profile.measure import batch_and_seq
+    task = _task(cfg, built, world=world)
+    micro_batch, seq = batch_and_seq(built.example_inputs)
+    return dataclasses.replace(task, micro_batch=micro_batch, seq=seq)
+
+
+def _task(cfg: TrainConfig, built: Built, *, world: int) -> Task:
     """Where each step's inputs come from: the corpus, synthetic images (hf: vision
     models), the user's batch function, or the example inputs again (on every rank)."""
     from shardsched.models.spec import parse_model_spec
