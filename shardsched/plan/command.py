@@ -117,8 +117,8 @@ def run_plan(args: argparse.Namespace) -> int:
         plan = dataclasses.replace(plan, notes=plan.notes + (spec.seq_note,))
     if budget is not None and plan.predicted.peak_bytes > budget:
         # Reported, never silently accepted: the plan is still shown (and saved) for inspection.
-        sys.stderr.write(f"shardsched plan: warning: predicted peak {plan.predicted.peak_bytes} bytes exceeds "
-                         f"--memory-budget {budget} bytes; try --strategy auto\n")
+        sys.stderr.write(f"shardsched plan: warning: predicted peak {fmt_bytes(plan.predicted.peak_bytes)} exceeds "
+                         f"--memory-budget {fmt_bytes(budget)}; try --strategy auto\n")
     device_memory_warning(plan, cluster)
     if args.out:
         write_atomic(args.out, plan.to_json() + "\n")

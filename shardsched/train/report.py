@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from shardsched._fmt import console as default_console
-from shardsched._fmt import fmt_bytes, fmt_seconds, runs, short_name, span_name
+from shardsched._fmt import fmt_bytes, fmt_seconds, readable_note, runs, short_name, span_name
 
 
 def print_summary(summary: dict) -> None:
@@ -31,7 +31,7 @@ def print_summary(summary: dict) -> None:
     console.print(table)
     console.print(units)
     for note in summary["notes"]:
-        console.print(f"note: {note}")
+        console.print(f"note: {readable_note(note)}")
 
 
 def folded_units(units: list[dict]) -> list[tuple[str, str]]:
