@@ -1,7 +1,7 @@
 """Your own FSDP2 script for a Hugging Face model, sharded by a plan the CLI made.
 
     .venv/bin/shardsched plan --model hf:gpt2,n_layer=2,n_embd=64,n_head=2,vocab_size=512 \
-        --world 2 --device cpu --memory-budget 14MiB --out /tmp/hf-plan.json
+        --world 2 --device cpu --micro-batch 4 --seq 32 --memory-budget 3MiB --out /tmp/hf-plan.json
     .venv/bin/torchrun --nproc-per-node 2 examples/hf_own_script.py /tmp/hf-plan.json
 
 The model is `AutoModelForCausalLM.from_config(...)` with the same config the `hf:`

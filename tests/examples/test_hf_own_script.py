@@ -18,8 +18,9 @@ SPEC = "hf:gpt2,n_layer=2,n_embd=64,n_head=2,vocab_size=512"
 @pytest.fixture(scope="module")
 def plan_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("hf") / "plan.json"
-    r = subprocess.run([sys.executable, "-m", "shardsched", "plan", "--model", SPEC, "--world", "2",
-                        "--device", "cpu", "--memory-budget", "5MiB", "--out", str(path)],
+    # the script's shape: 8 rows over 2 workers, 32 tokens
+    r = subprocess.run([sys.executable, "-m", "shardsched", "plan", "--model", SPEC, "--world", "2", "--device", "cpu",
+                        "--micro-batch", "4", "--seq", "32", "--memory-budget", "3MiB", "--out", str(path)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     return path
@@ -63,8 +64,8 @@ def test_llama_plan_names_have_one_model_prefix():
 
     from shardsched.models.hf import hf_builder
     from shardsched.profile.fingerprint import fingerprint
-    build, _ = hf_builder("llama,num_hidden_layers=2,hidden_size=32,intermediate_size=64,num_attention_heads=2,"
-                          "num_key_value_heads=2,vocab_size=256")
+    build = hf_builder("llama,num_hidden_layers=2,hidden_size=32,intermediate_size=64,num_attention_heads=2,"
+                          "num_key_value_heads=2,vocab_size=256")[0]
     ours, _ = build(micro_batch=1, seq=8)
     theirs = AutoModelForCausalLM.from_config(LlamaConfig(
         num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=2,
