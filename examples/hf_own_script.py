@@ -1,8 +1,8 @@
 """Your own FSDP2 script for a Hugging Face model, sharded by a plan the CLI made.
 
     .venv/bin/shardsched plan --model hf:gpt2,n_layer=2,n_embd=64,n_head=2,vocab_size=512 \
-        --world 2 --device cpu --micro-batch 4 --seq 32 --memory-budget 3MiB --out /tmp/hf-plan.json
-    .venv/bin/torchrun --nproc-per-node 2 examples/hf_own_script.py /tmp/hf-plan.json
+        --world 2 --device cpu --micro-batch 4 --seq 32 --memory-budget 3MiB --out runs/hf-plan.json
+    .venv/bin/torchrun --standalone --nproc-per-node 2 examples/hf_own_script.py runs/hf-plan.json
 
 The model is `AutoModelForCausalLM.from_config(...)` with the same config the `hf:`
 spec names: the plan's layer names and fingerprint are that model's own, so
@@ -59,4 +59,4 @@ def main(plan_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "/tmp/hf-plan.json")
+    main(sys.argv[1] if len(sys.argv) > 1 else "runs/hf-plan.json")

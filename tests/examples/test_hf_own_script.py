@@ -31,7 +31,8 @@ def test_cli_plan_runs_in_own_torchrun_script(plan_path):
     plan = load_plan(str(plan_path))
     assert len({u.strategy for u in plan.units}) >= 2  # the budget forces a mixed plan
     torchrun = Path(sys.executable).parent / "torchrun"
-    r = subprocess.run([str(torchrun), "--nproc-per-node", "2", str(EXAMPLE), str(plan_path)],
+    # --standalone: a free port of its own (29500, the default, may be taken by another run)
+    r = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(EXAMPLE), str(plan_path)],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     m = re.search(r"(\d+) units \((.*?)\); loss ([\d.]+) -> ([\d.]+)", r.stdout)
