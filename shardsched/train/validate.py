@@ -38,12 +38,12 @@ def check_train_args(args: argparse.Namespace) -> None:
     if getattr(args, "resume", None) is not None and not Path(args.resume).is_dir():
         raise UsageError(f"--resume {args.resume}: no such directory; accepted: a run directory "
                          f"or one of its checkpoints/step_NNNNNN")
-    check_user_model_shape(args)
 
 
 def check_user_model_shape(args: argparse.Namespace) -> None:
     """--batch / --seq with a `python:` model: its example inputs and batch_fn make every
-    batch, so the flags would change nothing; refused in one line rather than ignored."""
+    batch, so the flags would change nothing; refused in one line rather than ignored.
+    Called once the function itself passed its checks (a wrong function is the first thing to say)."""
     model = getattr(args, "model", None) or ""
     given = [f"--{k} {getattr(args, k)}" for k in ("batch", "seq") if getattr(args, k, None) is not None]
     if model.startswith("python:") and given and not getattr(args, "sync", None):
