@@ -103,6 +103,12 @@ def span_name(first: str, last: str) -> str:
         return f"{first}..{last}"
     return "".join(x if x == y else f"{x}-{y}" for x, y in zip(a, b))
 
+def readable_note(note: str) -> str:
+    """A plan note as printed: a note about the root unit starts with its name, "" (or
+    "..last" when fused), which reads as nothing; print it "(root)"."""
+    return f"(root){note}" if note.startswith((": ", "..")) else note
+
+
 def short_name(name: str) -> str:
     """"blocks.0.ln1..blocks.0.attn" -> "blocks.0.ln1..attn": a fused unit's last layer
     without the prefix it shares with the first; the root unit (named "") is "(root)"."""

@@ -106,7 +106,7 @@ def test_a_plan_over_budget_and_an_oversized_layer_are_reported():
     r = shardsched("plan", "--model", "gpt2-xl", "--world", "8", "--strategy", "full_shard",
                    "--memory-budget", "200MiB", "--json")
     assert r.returncode == 0
-    assert "warning: predicted peak" in r.stderr and "exceeds --memory-budget 209715200" in r.stderr
+    assert "warning: predicted peak" in r.stderr and "exceeds --memory-budget 200.00 MiB;" in r.stderr  # fmt_bytes, not raw bytes
     notes = json.loads(r.stdout)["notes"]
     # gpt2-xl's head: 1600 x 50257 parameters, bf16 gathered (2) + bf16 grads (2) + fp32 reduction (4)
     head = 1600 * 50257 + 1600 * 2

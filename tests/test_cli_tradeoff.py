@@ -25,8 +25,30 @@ def test_tradeoff_writes_every_budget_and_a_png(tmp_path, capsys):
         assert all(float(r["auto_step_seconds"]) <= t * (1 + 1e-9) for t in fitting)
         assert int(r["auto_peak_bytes"]) <= int(r["budget_bytes"])
     img = imread(str(out_png))
-    assert img.shape[:2] == (600, 1000)
-    assert "auto mix" in capsys.readouterr().out
+    assert 560 <= img.shape[0] <= 600 and img.shape[1] > 1000  # 12 x 6 inches at 100 dpi, cropped to what is drawn
+    out = capsys.readouterr().out
+    assert "auto mix" in out and "best uniform" in out
+    assert max(len(line) for line in out.splitlines()) <= 80  # the default table fits 80 columns
+    assert main(["tradeoff", *TINY, "--budgets", "8MiB:20MiB:5", "--time-limit", "2", "--wide"]) == 0
+    wide = capsys.readouterr().out
+    assert "ZeRO-2+ck" in wide and "HSDP-Z2" in wide and max(len(line) for line in wide.splitlines()) > 80
+
+
+def test_tradeoff_legend_is_outside_the_curves():
+    from shardsched.core.types import Optimizer, Precision
+    from shardsched.cost.device import DEVICES, Cluster
+    from shardsched.models.spec import PRESETS
+    from shardsched.profile.analytic import analytic_profile
+    from shardsched.tradeoff.plot import tradeoff_figure
+    from shardsched.tradeoff.sweep import sweep
+    profile = analytic_profile(PRESETS["tiny"], micro_batch=1, seq=128, device=DEVICES["cpu"])
+    points = sweep(profile, Cluster(world=4, gpus_per_node=2, device=DEVICES["cpu"]), [8 << 20, 20 << 20],
+                   precision=Precision.FP32, optimizer=Optimizer.ADAM, time_limit=2)
+    fig = tradeoff_figure(points, title="t")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    legend, axes = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert legend.x0 > axes.x1  # entirely right of the plotting area: it covers no curve
 
 
 def test_plan_png_is_a_picture(tmp_path):

@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def readme_commands() -> list[str]:
     """Command lines of the fenced blocks (continuations joined, comments dropped): every
-    line that starts with `.venv/bin/` (the other lines are `make ...` and the layout)."""
+    line that starts with `.venv/bin/` or `mkdir ` (the other lines are `make ...` and the layout)."""
     blocks = re.findall(r"^```\n(.*?)^```", (ROOT / "README.md").read_text(), flags=re.S | re.M)
     lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
-    commands = [shlex.split(ln, comments=True) for ln in lines if ln.startswith(".venv/bin/")]
+    commands = [shlex.split(ln, comments=True) for ln in lines if ln.startswith((".venv/bin/", "mkdir "))]
     return [shlex.join(c) if ">" not in c else _with_redirect(c) for c in commands]
 
 
@@ -48,6 +48,11 @@ def fewer_steps(command: str) -> str:
 def test_readme_lists_commands():
     commands = readme_commands()
     assert any(c.startswith(".venv/bin/shardsched train --resume") for c in commands)
+    assert commands[0] == "mkdir -p runs"  # every file the commands write goes under runs/ (git ignores it)
+    for c in commands:
+        for flag in ("--out", "--trace", "--png", "--csv", ">"):
+            path = re.search(rf"(?:^| ){re.escape(flag)} (\S+)", c)
+            assert path is None or path.group(1).startswith("runs/"), c
     assert fewer_steps(".venv/bin/shardsched train") == ".venv/bin/shardsched train --steps 2"
 
 

@@ -77,7 +77,8 @@ def write_png(rows: list[SyncRow], path: str, *, title: str) -> None:
         ax.semilogy(range(1, len(values) + 1), values, label=row.result.sync.value)
     ax.set_xlabel("step")
     ax.set_ylabel("consensus distance  mean ||x_i - x_bar||")
-    ax.set_title(title)
+    from shardsched.report.plot import wrapped
+    ax.set_title(wrapped(title, 64), fontsize=10)
     ax.legend()
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -85,21 +86,37 @@ def write_png(rows: list[SyncRow], path: str, *, title: str) -> None:
     plt.close(fig)
 
 
+TABLE_COLUMNS = ("sync", "gap", "consensus", "rel. err", "bytes/step", "flat", "hier.", "sim s")
+TABLE_LEGEND = ("gap: spectral gap; consensus, rel. err: last step; bytes/step: sent per worker; flat, hier.: "
+                "predicted communication per step, flat ring or hierarchical; sim s: simulator seconds")
+
+
+def table_row(row: SyncRow) -> tuple[str, ...]:
+    """One sync algorithm's row: every number whole at 80 columns (3 significant digits
+    for values spanning decades, fixed decimals otherwise)."""
+    from shardsched._fmt import fmt_bytes
+    r = row.result
+    return (r.sync.value, "n/a" if row.spectral_gap is None else f"{row.spectral_gap:.4f}",
+            f"{r.consensus[-1]:.2e}", f"{r.rel_error[-1]:.2e}" if r.rel_error else "n/a",
+            fmt_bytes(r.bytes_per_worker_per_step), f"{row.comm_seconds_flat * 1e3:.3f} ms",
+            f"{row.comm_seconds_hier * 1e3:.3f} ms", f"{r.seconds:.2f}")
+
+
 def print_table(rows: list[SyncRow], *, title: str) -> None:
+    from rich import box
     from rich.table import Table
 
-    from shardsched._fmt import console, fmt_bytes
-    table = Table(title=title)
-    for col in ("sync", "spectral gap", "consensus (last)", "rel. error (last)", "bytes/worker/step",
-                "comm/step flat", "comm/step hier.", "sim seconds"):
-        table.add_column(col, justify="left" if col == "sync" else "right")
+    from shardsched._fmt import console
+    paths = sorted({row.result.path.value for row in rows})
+    table = Table(title=f"{title}; simulated {'/'.join(paths)}", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
+    for col in TABLE_COLUMNS:
+        table.add_column(col, justify="left" if col == "sync" else "right", no_wrap=True)
     for row in rows:
-        r = row.result
-        table.add_row(r.sync.value, "n/a" if row.spectral_gap is None else f"{row.spectral_gap:.4f}",
-                      f"{r.consensus[-1]:.3e}", f"{r.rel_error[-1]:.3e}" if r.rel_error else "n/a",
-                      fmt_bytes(r.bytes_per_worker_per_step), f"{row.comm_seconds_flat * 1e3:.3f} ms",
-                      f"{row.comm_seconds_hier * 1e3:.3f} ms", f"{r.seconds:.2f} ({r.path.value})")
-    console().print(table)
+        table.add_row(*table_row(row))
+    out = console()
+    out.print(table)
+    out.print(TABLE_LEGEND, highlight=False, markup=False, style="dim")
 
 
 __all__ = ["SyncRow", "consensus_distance", "print_table", "summarize", "write_csv", "write_png"]

@@ -209,19 +209,22 @@ def _config_json(cfg: GossipTrainConfig) -> dict:
                        "topology": g.topology.value, "optimizer": cfg.optimizer}}
 
 
-def gossip_train(cfg: GossipTrainConfig, *, group, rank: int, device: torch.device | None = None) -> dict:
-    """Train on every rank of `group`; returns the summary (rank 0 also writes the run directory)."""
-    from shardsched.train.trainer import _metrics_path, _prepare_metrics
-    run = _setup(cfg, group=group, rank=rank, device=device or torch.device("cpu"))
+def _progress(cfg: GossipTrainConfig, *, rank: int, start: int, world: int):
+    """The same progress as `train` (a bar on a terminal, ~10 lines otherwise) on rank 0:
+    a gossip run of many minutes is never silent."""
+    from shardsched.train.progress import Progress, ProgressMode, default_every, progress_mode
     t = cfg.train
-    start = _resume(run) if t.resume else 0
-    if rank == 0:
-        Path(t.run_dir).mkdir(parents=True, exist_ok=True)
-        (Path(t.run_dir) / "config.json").write_text(json.dumps(_config_json(cfg), indent=1))
-        _prepare_metrics(t, start)
-    losses, seconds = [], []
-    bytes_before = run.gdp.bytes_sent
-    for step in range(start, t.steps):
+    mode = progress_mode(quiet=t.quiet, stream=sys.stdout) if rank == 0 else ProgressMode.QUIET
+    progress = Progress(mode=mode, start=start, total=t.steps,
+                        every=t.log_every or default_every(start=start, total=t.steps))
+    progress.begin(f"{t.model}, {world} workers, --sync {cfg.gossip.sync.value}")
+    return progress
+
+
+def _loop(run: _Run, steps: range, losses: list, seconds: list, progress) -> None:
+    from shardsched.train.trainer import _metrics_path
+    cfg, t, rank = run.cfg, run.cfg.train, run.rank
+    for step in steps:
         t0 = time.perf_counter()
         loss = _step(run, step)
         seconds.append(time.perf_counter() - t0)
@@ -237,6 +240,27 @@ def gossip_train(cfg: GossipTrainConfig, *, group, rank: int, device: torch.devi
                 f.write(json.dumps(row) + "\n")
         if t.checkpoint_every and (step + 1) % t.checkpoint_every == 0:
             _save(run, step + 1)
+        progress.update(step + 1, loss=loss, tokens_per_s=t.batch * t.seq / seconds[-1],
+                        step_seconds=seconds[-1], val_loss=val)
+
+
+def gossip_train(cfg: GossipTrainConfig, *, group, rank: int, device: torch.device | None = None) -> dict:
+    """Train on every rank of `group`; returns the summary (rank 0 also writes the run directory)."""
+    from shardsched.train.trainer import _prepare_metrics
+    run = _setup(cfg, group=group, rank=rank, device=device or torch.device("cpu"))
+    t = cfg.train
+    start = _resume(run) if t.resume else 0
+    if rank == 0:
+        Path(t.run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(t.run_dir) / "config.json").write_text(json.dumps(_config_json(cfg), indent=1))
+        _prepare_metrics(t, start)
+    losses, seconds = [], []
+    bytes_before = run.gdp.bytes_sent
+    progress = _progress(cfg, rank=rank, start=start, world=dist.get_world_size(group))
+    try:
+        _loop(run, range(start, t.steps), losses, seconds, progress)
+    finally:
+        progress.close()
     run.gdp.flush()
     steps_run = max(1, t.steps - start)
     median = statistics.median(seconds) if seconds else None

@@ -6,11 +6,12 @@ Forms (`,key=value` overrides the config's own keys):
   hf:gpt2 | hf:llama | hf:bert ...       a `transformers` model type with its default config
   hf:gpt2,n_layer=4,n_embd=256           any of the above with overrides
 
-The model is wrapped to fit the project's contract (`HFTask`): language models take
+The model gets the project's contract (models/hf_task.py): language models take
 `forward(idx, targets)` with byte tokens (batch, seq) and return the scalar loss with
 the model's own objective; vision models take `forward(pixel_values, labels)`. The
-HF model is the wrapper's submodule `model`; layer discovery looks through it
-(profile/layers.py). `transformers` is imported only here, only for `hf:`.
+module is the HF model itself (its forward replaced on the instance), so a plan's
+layer names and fingerprint are those of `AutoModelFor...from_config(config)`.
+`transformers` is imported only here, only for `hf:`.
 """
 from __future__ import annotations
 
@@ -57,6 +58,11 @@ _MASKED = {"bert", "roberta", "distilbert", "albert", "electra", "camembert", "x
            "deberta", "deberta-v2", "megatron-bert", "ernie"}
 
 
+# Keys that size the example inputs rather than the model: a convolutional net (ResNet)
+# has no `image_size` in its config but takes any; `,image_size=32` makes tests quick.
+_INPUT_KEYS = ("image_size",)
+
+
 def _transformers():
     try:
         import transformers
@@ -94,30 +100,45 @@ def _config_dict(name: str) -> dict:
     raise UsageError(f"hf: unknown model {name!r} (no network: only configs known offline); accepted: {ACCEPTED}")
 
 
-def _split_items(body: str) -> list[str]:
-    """`body` split at the commas outside brackets, so list values survive:
-    `hf:resnet,hidden_sizes=[16,32,64,128],depths=[1,1,2,1]`."""
-    items, depth, start = [], 0, 0
+def split_top_level(body: str) -> list[str]:
+    """`body` split at commas outside brackets, so list values such as ResNet's
+    `hidden_sizes=[16,32,64,128]` stay one override."""
+    parts, depth, start = [], 0, 0
     for i, ch in enumerate(body):
-        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(ch, 0)
+        depth += (ch in "[{(") - (ch in "]})")
         if ch == "," and depth == 0:
-            items.append(body[start:i])
+            parts.append(body[start:i])
             start = i + 1
-    return items + [body[start:]]
+    return parts + [body[start:]]
 
 
-def _set_override(config, key: str, raw: str) -> None:
-    """config.key = the value `raw` spells; a value transformers refuses is one line."""
+def _overrides(config, name: str, items: list[str]) -> dict:
+    """{key: value} of the `,key=value` items; a key the config does not have is one line."""
+    known, out = config.to_dict(), {}
+    for item in filter(None, items):
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep:
+            raise UsageError(f"hf: bad override {item!r}: expected key=value; accepted: {ACCEPTED}")
+        if key not in known and not hasattr(config, key) and key not in _INPUT_KEYS:
+            some = ", ".join(sorted(k for k in known if not k.startswith("_"))[:12])
+            raise UsageError(f"hf: {name} config has no key {key!r}; accepted keys include: {some}, ...")
+        out[key] = _value(raw.strip())
+    return out
+
+
+def _construct(cls, name: str, values: dict):
+    """cls(**values); a value the config's own validation refuses is one line."""
     try:
-        setattr(config, key, _value(raw))
-    except Exception as e:  # transformers validates some keys (strict dataclass fields)
-        msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        raise UsageError(f"hf: {key}={raw[:40]!r} is refused by transformers ({msg[:160]})") from None
+        return cls(**values)
+    except Exception as e:  # transformers validates typed fields and consistency here
+        msg = str(e).strip().splitlines()[-1].strip() if str(e).strip() else type(e).__name__
+        raise UsageError(f"hf: {name} config refuses these values ({msg[:160]}); lists are written [a,b,...]") from None
 
 
 def hf_config(body: str):
     """The `transformers` config for the text after `hf:`."""
-    name, *items = [s.strip() for s in _split_items(body)]
+    name, *items = [s.strip() for s in split_top_level(body)]
     if not name:
         raise UsageError(f"hf: no model named; accepted: {ACCEPTED}")
     data = _config_dict(name)
@@ -125,17 +146,11 @@ def hf_config(body: str):
     model_type = data.pop("model_type")
     if model_type not in tf.CONFIG_MAPPING:
         raise UsageError(f"hf: model_type {model_type!r} is not known to transformers {tf.__version__}")
-    config = tf.CONFIG_MAPPING[model_type](**{k: v for k, v in data.items() if not k.startswith("_")})
-    known = config.to_dict()
-    for item in filter(None, items):
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep:
-            raise UsageError(f"hf: bad override {item!r}: expected key=value; accepted: {ACCEPTED}")
-        if key not in known and not hasattr(config, key):
-            some = ", ".join(sorted(k for k in known if not k.startswith("_"))[:12])
-            raise UsageError(f"hf: {name} config has no key {key!r}; accepted keys include: {some}, ...")
-        _set_override(config, key, raw.strip())
+    cls = tf.CONFIG_MAPPING[model_type]
+    base = {k: v for k, v in data.items() if not k.startswith("_")}
+    # Overrides go to the constructor, not setattr afterwards: values derived there
+    # (Llama's head_dim = hidden_size // num_attention_heads) must see them.
+    config = _construct(cls, name, {**base, **_overrides(_construct(cls, name, base), name, items)})
     if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
         # Seq2seq models shift labels right from this id; T5's checkpoints use the pad id, 0.
         config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0
@@ -167,11 +182,31 @@ def _is_speech(config) -> bool:
             and hasattr(config, "num_mel_bins") and hasattr(config, "max_source_positions"))
 
 
-def hf_builder(body: str) -> tuple[Callable[..., tuple["nn.Module", tuple]], bool]:
-    """(builder, text_lm) for `hf:body`; the config is checked now, at parse time.
-    builder(*, micro_batch=2, seq=None, device="cpu", seed=0) -> (wrapped model, example inputs)."""
+SEQ_CAP = 4096
+"""The longest default sequence an `hf:` plan assumes (Llama-2's 4096 positions fit)."""
+
+
+def default_seq(config) -> tuple[int, str | None]:
+    """(the sequence length a plan of this language model assumes without --seq, why it is
+    not the model's full length or None). The model's own positions (`n_positions`,
+    `max_position_embeddings`; T5's relative positions have no limit: 512, its training
+    length), capped at SEQ_CAP: a traced model runs eager attention, which keeps
+    seq x seq scores per head, and at 32K-131K positions those would swamp every plan
+    with memory that fused attention never allocates."""
+    own = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 512
+    if own <= SEQ_CAP:
+        return own, None
+    return SEQ_CAP, (f"sequence {SEQ_CAP}, not the model's {own} positions: eager attention's seq x seq scores "
+                     f"would dominate the plan at that length (give --seq to plan another)")
+
+
+def hf_builder(body: str) -> tuple[Callable[..., tuple["nn.Module", tuple]], bool, str | None]:
+    """(builder, text_lm, seq_note) for `hf:body`; the config is checked now, at parse time.
+    builder(*, micro_batch=2, seq=None, device="cpu", seed=0) -> (model, example inputs);
+    seq None: `default_seq`, whose reason for a capped length is `seq_note`."""
     config = hf_config(body)
     task = task_of(config)
+    seq_note = default_seq(config)[1] if task not in ("vision", "speech") else None
 
     def build(*, micro_batch: int = 2, seq: int | None = None, device: str = "cpu", seed: int = 0):
         from shardsched.models.hf_task import build_task
@@ -179,7 +214,7 @@ def hf_builder(body: str) -> tuple[Callable[..., tuple["nn.Module", tuple]], boo
         training_defaults(model)
         return model, inputs
 
-    return build, task not in ("vision", "speech")
+    return build, task not in ("vision", "speech"), seq_note
 
 
 # ---------------------------------------------------------------- training defaults

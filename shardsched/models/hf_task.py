@@ -1,6 +1,7 @@
-"""Wrappers that give a `transformers` model the project's contract: model(*inputs) is the loss.
+"""How a `transformers` model gets the project's contract: model(*inputs) is the loss.
 
-Language models take byte tokens `idx` and `targets` of shape (batch, seq) (what
+The trained module is the HF model itself (see [Note: the HF model is the trained
+module]). Language models take byte tokens `idx` and `targets` of shape (batch, seq) (what
 `train` feeds from its text corpus: targets are the next tokens):
 - causal LM: cross-entropy of the logits against `targets`;
 - masked LM: a deterministic ~15% of positions, derived from the tokens and their
@@ -30,56 +31,63 @@ def mlm_mask(idx: torch.Tensor) -> torch.Tensor:
     return mask | (pos == idx.shape[1] // 2)
 
 
-class CausalLM(nn.Module):
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
+# [Note: the HF model is the trained module] The model `build_task` returns is the
+# `transformers` model itself, with its forward replaced on this instance by the
+# training loss (`_loss_forward`). No wrapper module: parameter names, layer names
+# and the fingerprint are exactly those of `AutoModelFor...from_config(config)`, so a
+# plan made by `shardsched plan --model hf:X` applies to a user's own model in their
+# own FSDP2 script. The loss calls the class's forward (`type(model).forward`), so
+# nothing holds a bound method (deepcopy and FSDP2's class swap both keep working).
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self.model(input_ids=idx).logits
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-
-
-class MaskedLM(nn.Module):
-    def __init__(self, model: nn.Module, mask_id: int):
-        super().__init__()
-        self.model, self.mask_id = model, mask_id
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        mask = mlm_mask(idx)
-        logits = self.model(input_ids=torch.where(mask, self.mask_id, idx)).logits
-        labels = torch.where(mask, idx, -100)
-        return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+def _hf_forward(model: nn.Module, **kwargs):
+    return type(model).forward(model, **kwargs)
 
 
-class Seq2SeqLM(nn.Module):
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=idx, labels=targets).loss
+def causal_loss(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = _hf_forward(model, input_ids=idx).logits
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
-class Vision(nn.Module):
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, pixel_values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.model(pixel_values=pixel_values, labels=labels).loss
+def masked_loss(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    mask, mask_id = mlm_mask(idx), model.config.vocab_size - 1  # the last id is the mask token
+    logits = _hf_forward(model, input_ids=torch.where(mask, mask_id, idx)).logits
+    labels = torch.where(mask, idx, -100)
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
 
 
-class Speech(nn.Module):
+def seq2seq_loss(model: nn.Module, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    # use_cache=False: a decoder cache makes activation checkpointing's recomputation
+    # save a different number of tensors than the forward (torch refuses the step)
+    return _hf_forward(model, input_ids=idx, labels=targets, use_cache=False).loss
+
+
+def vision_loss(model: nn.Module, pixel_values: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return _hf_forward(model, pixel_values=pixel_values, labels=labels).loss
+
+
+LOSSES = {"causal": causal_loss, "masked": masked_loss, "seq2seq": seq2seq_loss, "vision": vision_loss}
+
+
+def _loss_forward(self: nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
+    return LOSSES[self.shardsched_task](self, *inputs)
+
+
+def as_loss_model(model: nn.Module, task: str) -> nn.Module:
+    """`model` (the HF model itself) with model(*inputs) the loss of `task`
+    (see [Note: the HF model is the trained module])."""
+    import types
+    model.shardsched_task = task
+    model.forward = types.MethodType(_loss_forward, model)
+    return model
+
+
+def speech_loss(model: nn.Module, input_features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Speech-to-text (Whisper): log-mel features (batch, mel bins, frames) and token labels;
     the model shifts the labels right into its decoder input, as it is trained."""
+    return _hf_forward(model, input_features=input_features, labels=labels, use_cache=False).loss
 
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
 
-    def forward(self, input_features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return self.model(input_features=input_features, labels=labels).loss
+LOSSES["speech"] = speech_loss
 
 
 def speech_inputs(config, *, micro_batch: int, seq: int | None, gen: torch.Generator) -> tuple:
@@ -107,18 +115,6 @@ def _hf_model(config, task: str) -> nn.Module:
                          f"fix the config or its key=value overrides") from None
 
 
-def _wrap(model: nn.Module, config, task: str) -> nn.Module:
-    if task == "causal":
-        return CausalLM(model)
-    if task == "masked":
-        return MaskedLM(model, config.vocab_size - 1)
-    if task == "seq2seq":
-        return Seq2SeqLM(model)
-    if task == "speech":
-        return Speech(model)
-    return Vision(model)
-
-
 def example_inputs(config, task: str, *, micro_batch: int, seq: int | None, seed: int) -> tuple:
     gen = torch.Generator().manual_seed(seed + 1)
     if task == "speech":
@@ -128,8 +124,9 @@ def example_inputs(config, task: str, *, micro_batch: int, seq: int | None, seed
         channels = getattr(config, "num_channels", 3)
         pixels = torch.randn(micro_batch, channels, size, size, generator=gen)
         return pixels, torch.randint(0, config.num_labels, (micro_batch,), generator=gen)
-    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or 512
-    seq = seq or min(128, limit)
+    from shardsched.models.hf import default_seq
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or seq or 512
+    seq = seq or default_seq(config)[0]
     if seq > limit:
         raise UsageError(f"seq={seq} exceeds the model's {limit} positions")
     vocab = min(256, config.vocab_size - (1 if task == "masked" else 0))
@@ -143,5 +140,6 @@ def build_task(config, task: str, *, micro_batch: int, seq: int | None, device: 
     inputs = example_inputs(config, task, micro_batch=micro_batch, seq=seq, seed=seed)
     with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(seed)
-        model = _wrap(_hf_model(config, task), config, task)
+        model = _hf_model(config, task)
+        model = as_loss_model(model, task)
     return model.train(), inputs

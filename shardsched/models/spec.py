@@ -71,6 +71,9 @@ class ModelSpec:
     sized: bool = False
     """`builder(*, micro_batch, seq, device, seed)` also takes the example inputs' shape and a
     device ("meta": nothing allocated, for planning); `hf:` models."""
+    seq_note: str | None = None
+    """Why a plan without --seq assumes a shorter sequence than the model's own (hf: models
+    with very many positions); plans carry it as a note."""
 
 
 def parse_model_spec(spec: str) -> ModelSpec:
@@ -84,8 +87,8 @@ def parse_model_spec(spec: str) -> ModelSpec:
         return ModelSpec(name=spec, builder=_python_builder(spec[len("python:"):]))
     if spec.startswith("hf:"):
         from shardsched.models.hf import hf_builder  # imports transformers: only for hf:
-        builder, text_lm = hf_builder(spec[len("hf:"):])
-        return ModelSpec(name=spec, builder=builder, text_lm=text_lm, sized=True)
+        builder, text_lm, seq_note = hf_builder(spec[len("hf:"):])
+        return ModelSpec(name=spec, builder=builder, text_lm=text_lm, sized=True, seq_note=seq_note)
     raise UsageError(f"unknown model {spec!r}: accepted: {ACCEPTED}")
 
 
@@ -145,12 +148,14 @@ def _python_builder(body: str) -> Callable[[], tuple[Any, tuple]]:
         raise UsageError(f"model: {module_name} has no function {func_name!r}; accepted: {ACCEPTED}")
     name = f"python:{module_name}:{func_name}"
 
-    def build() -> tuple[Any, tuple]:
-        out = run_user_code(name, "()", fn)
-        if not (isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[0], _nn_module())):
-            raise UsageError(f"model {name}() must return (model, example_inputs), "
-                             f"got {_describe(out)}; accepted: {ACCEPTED}")
-        model, inputs = out
+    def build(*, micro_batch: int | None = None, seq: int | None = None) -> tuple[Any, tuple]:
+        kwargs = shape_kwargs(name, fn, micro_batch=micro_batch, seq=seq)
+        out = run_user_code(name, "()", lambda: fn(**kwargs))
+        # The 3-tuple's batch function is for `train`; a plan needs only the example inputs.
+        if not (isinstance(out, (tuple, list)) and len(out) in (2, 3) and isinstance(out[0], _nn_module())):
+            raise UsageError(f"model {name}() must return (model, example_inputs) or (model, example_inputs, "
+                             f"batch_fn), got {_describe(out)}; accepted: {ACCEPTED}")
+        model, inputs = out[0], out[1]
         inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
         from shardsched.models.hf import training_defaults
         training_defaults(model)  # a user's own HF model: its KV cache off, and said
@@ -158,6 +163,29 @@ def _python_builder(body: str) -> Callable[[], tuple[Any, tuple]]:
         return model, inputs
 
     return build
+
+
+def shape_kwargs(name: str, fn: Callable, *, micro_batch: int | None, seq: int | None) -> dict:
+    """The --micro-batch / --seq a `python:` function is called with: passed as keyword
+    arguments when it declares them (`def build(micro_batch=4, seq=128)`), refused in
+    one line when it does not (its example inputs fix the shape: ignoring the flags
+    silently would plan a shape the user did not ask for)."""
+    import inspect
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    takes_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    out = {}
+    for key, value in (("micro_batch", micro_batch), ("seq", seq)):
+        if value is None:
+            continue
+        if key not in params and not takes_all:
+            flag = "--" + key.replace("_", "-")
+            raise UsageError(f"{flag} {value}: {name} takes no {key} argument, its example inputs fix the shape; "
+                             f"accepted: leave out {flag}, or declare it: def {name.rpartition(':')[2]}({key}=...)")
+        out[key] = value
+    return out
 
 
 def _describe(out: Any) -> str:

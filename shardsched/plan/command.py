@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -36,8 +37,10 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a("--gpus-per-node", type=int, default=None, help="workers per node; must divide --world (default min(8, world))")
     a("--device", default=None, help=f"device preset: {', '.join(DEVICES)} (default h100; cpu for python: models)")
     a("--cluster", default=None, help="cluster file from `shardsched profile --out`: replaces the --device preset")
-    a("--micro-batch", type=int, default=1, help="sequences per worker per step (default 1)")
-    a("--seq", type=int, default=None, help="tokens per sequence (default: the model's)")
+    a("--micro-batch", type=int, default=None, help="sequences per worker per step (default 1; with --plan: the plan's; "
+                                                    "python: models take it only as a micro_batch= argument)")
+    a("--seq", type=int, default=None, help="tokens per sequence (default: the model's; hf: at most 4096, the plan "
+                                            "notes why; with --plan: the plan's)")
     a("--precision", choices=[p.value for p in Precision], default=None,
       help="fp32 or bf16-mixed (default bf16-mixed on GPUs, fp32 on cpu)")
     a("--optimizer", choices=[o.value for o in Optimizer], default="adam")
@@ -105,8 +108,9 @@ def run_plan(args: argparse.Namespace) -> int:
     precision = Precision(args.precision or ("fp32" if cluster.device.name == "cpu" else "bf16-mixed"))
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
     existing = read_plan(args.plan) if args.plan else None  # validate input before any work
-    profile = profile_for(spec, micro_batch=args.micro_batch, seq=args.seq, device=cluster.device,
-                          precision=precision, measure=args.measure, layers=args.layers)
+    micro_batch, seq = _shape(args, existing)
+    profile = _profile(_sized(spec, micro_batch=args.micro_batch, seq=args.seq), micro_batch, seq, args, cluster,
+                       precision)
     if existing is not None:
         plan = reevaluate(existing, profile, cluster, budget)
     else:
@@ -115,10 +119,12 @@ def run_plan(args: argparse.Namespace) -> int:
                          memory_budget_bytes=budget, fuse=not args.no_fuse, time_limit=args.time_limit)
     # What was set on the model for training (e.g. HF use_cache=False), said in the plan.
     plan = dataclasses.replace(plan, notes=plan.notes + tuple(profile.extra.get("notes", ())))
+    if seq is None and spec.seq_note:
+        plan = dataclasses.replace(plan, notes=plan.notes + (spec.seq_note,))
     if budget is not None and plan.predicted.peak_bytes > budget:
         # Reported, never silently accepted: the plan is still shown (and saved) for inspection.
-        sys.stderr.write(f"shardsched plan: warning: predicted peak {plan.predicted.peak_bytes} bytes exceeds "
-                         f"--memory-budget {budget} bytes; try --strategy auto\n")
+        sys.stderr.write(f"shardsched plan: warning: predicted peak {fmt_bytes(plan.predicted.peak_bytes)} exceeds "
+                         f"--memory-budget {fmt_bytes(budget)}; try --strategy auto\n")
     device_memory_warning(plan, cluster)
     if args.out:
         write_atomic(args.out, plan.to_json() + "\n")
@@ -135,6 +141,40 @@ def run_plan(args: argparse.Namespace) -> int:
         from shardsched.plan.report import print_plan
         print_plan(plan, profile, cluster, wide=args.wide)
     return 0
+
+
+def _shape(args: argparse.Namespace, existing: Plan | None) -> tuple[int, int | None]:
+    """(micro-batch, seq or None for the model's own) to profile at: the flags, else what
+    the re-evaluated plan assumed (its predictions were made there), else 1 and the model's."""
+    micro_batch = args.micro_batch or (existing.micro_batch if existing else 1)
+    seq = args.seq or (existing.seq if existing and existing.seq else None)
+    return micro_batch, seq
+
+
+def _sized(spec, *, micro_batch: int | None, seq: int | None):
+    """A `python:` spec whose builder gets the --micro-batch / --seq the user gave (or
+    refuses them in one line: `models.spec.shape_kwargs`); other specs as they are."""
+    if not spec.name.startswith("python:") or (micro_batch is None and seq is None):
+        return spec
+    return dataclasses.replace(spec, builder=functools.partial(spec.builder, micro_batch=micro_batch, seq=seq))
+
+
+def _profile(spec, micro_batch: int, seq: int | None, args: argparse.Namespace, cluster: Cluster,
+             precision: Precision):
+    """profile_for, with a model that fails when run for real (`--measure`) one line, not a
+    traceback: the model's own code raised, so the line names what it raised and the way out."""
+    try:
+        return profile_for(spec, micro_batch=micro_batch, seq=seq, device=cluster.device,
+                           precision=precision, measure=args.measure, layers=args.layers)
+    except (UsageError, KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - the model's forward/backward under the measuring hooks
+        if not args.measure:
+            raise
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise UsageError(f"--measure: running {spec.name} on this machine raised {type(e).__name__}: {msg[:200]}; "
+                         f"accepted: leave out --measure (traced on fake tensors), or another --micro-batch/--seq"
+                         ) from None
 
 
 def device_memory_warning(plan: Plan, cluster: Cluster) -> None:

@@ -7,12 +7,14 @@ folded into one row ("blocks.0-95  full_shard x96"), with a one-line legend.
 """
 from __future__ import annotations
 
+import re
+
 from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from shardsched._fmt import console as default_console
-from shardsched._fmt import fmt_bytes, fmt_count, fmt_seconds, periodic_runs, short_name, span_name
+from shardsched._fmt import fmt_bytes, fmt_count, fmt_seconds, periodic_runs, readable_note, short_name, span_name
 from shardsched.cost.comm import Collective
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
@@ -88,14 +90,56 @@ def _folded(rows: list[dict]) -> list[dict]:
 def unit_table(plan: Plan, profile: Profile, cluster: Cluster, *, wide: bool = False) -> Table:
     rows = _unit_rows(plan, profile, cluster)
     columns = WIDE_COLUMNS if wide else NARROW_COLUMNS
-    t = Table(title=f"plan for {plan.model} on {plan.world} x {plan.device}: {len(plan.units)} units",
-              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    t = Table(title=f"plan for {plan.model} on {plan.world} x {plan.device}, {shape_words(plan)}: "
+                    f"{plural(len(plan.units), 'unit')}",
+              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=not wide)
+    shown = rows if wide else _folded(rows)
+    if not wide:  # unit names break after a ".", in the room the other columns leave
+        room = unit_room(shown, columns)
+        shown = [{**r, "unit": wrap_name(r["unit"], room)} for r in shown]
+    name_width = max(len(line) for r in shown for line in r["unit"].split("\n"))
     for col in columns:
         t.add_column(col, justify="left" if col in LEFT else "right", overflow="fold",
-                     no_wrap=col in ("strategy", "params", "at rest", "comm"))
-    for r in rows if wide else _folded(rows):
+                     no_wrap=col not in FOLDED,
+                     min_width=name_width if col == "unit" and not wide else None)
+    for r in shown:
         t.add_row(*(r[c] for c in columns))
     return t
+
+
+FOLDED = ("unit", "prefetch")
+"""Columns rich may fold; the others never break."""
+
+
+def unit_room(rows: list[dict], columns: tuple[str, ...], width: int = 80) -> int:
+    """Characters left for the unit column when every other column takes its widest cell
+    (prefetch lists no wider than the header: they fold) and cells are 2 apart (collapsed padding)."""
+    def widest(c: str) -> int:
+        return max(len(c), *(len(r[c]) for r in rows))
+    others = sum(min(widest(c), len(c)) if c == "prefetch" else widest(c) for c in columns if c != "unit")
+    return max(12, width - others - 2 * (len(columns) - 1) - 2)
+
+
+def wrap_name(name: str, width: int) -> str:
+    """A unit name broken into lines of at most `width` after a "." (never inside a
+    module name, which rich's folding would cut mid-word); a part longer than
+    `width` alone is left to fold."""
+    lines, line = [], ""
+    for part in re.findall(r"[^.]+\.*|\.+", name):
+        if line and len(line) + len(part) > width:
+            lines.append(line)
+            line = ""
+        line += part
+    return "\n".join(lines + [line])
+
+
+def shape_words(plan: Plan) -> str:
+    """What one worker's step holds, as the plan assumed it: "micro-batch 4 x seq 1024"."""
+    return f"micro-batch {plan.micro_batch}" + (f" x seq {plan.seq}" if plan.seq else "")
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def summary_lines(plan: Plan) -> list[str]:
@@ -111,7 +155,7 @@ def summary_lines(plan: Plan) -> list[str]:
         f"  lower bound max(compute, communication {fmt_seconds(p.comm_seconds)}) = {fmt_seconds(p.lower_bound_seconds)}",
         f"solver: {s.name}, status {s.status}, gap {_gap(s)}, {s.seconds:.3f} s",
     ]
-    return lines + [f"note: {n}" for n in plan.notes]
+    return lines + [f"note: {readable_note(n)}" for n in plan.notes]
 
 
 def _gap(s) -> str:

@@ -98,4 +98,5 @@ def _match(key: str, layers: list[str]) -> list[str]:
 
 
 def _short(layers: list[str]) -> str:
-    return ", ".join(layers[:4]) + (", ..." if len(layers) > 4 else "")
+    from shardsched._fmt import short_name  # the root layer "" reads "(root)"
+    return ", ".join(map(short_name, layers[:4])) + (", ..." if len(layers) > 4 else "")

@@ -252,14 +252,16 @@ def _in_dtype(model: nn.Module, inputs: tuple, compute_dtype: str) -> tuple[nn.M
 
 # ---------------------------------------------------------------- entry point
 
-def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
+def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str | None = None,
                     layers: Sequence[str] | None = None, repeats: int = 5, warmup: int = 2,
                     compute_dtype: str = "float32") -> Profile:
     """Profile `model` on `example_inputs` on this machine, layer by layer.
 
     `model(*example_inputs)` must return the loss (a scalar, or a tensor whose
     sum is the loss). Gradients the model had before are restored afterwards.
+    `name` labels the profile and its plans (default: the model's class name).
     """
+    name = name or type(model).__name__
     inputs = tuple(example_inputs)
     fp = fingerprint(model)
     run_model, run_inputs = _in_dtype(model, inputs, compute_dtype)
@@ -309,8 +311,11 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
 
 
 def batch_and_seq(inputs: tuple) -> tuple[int, int]:
-    """(batch, seq) from a 2-D integer first input (token ids), else (1, 0)."""
+    """(batch, seq) from a 2-D integer first input (token ids); (leading dimension, 0) for
+    another tensor (images: the micro-batch is still what plans state); else (1, 0)."""
     first = inputs[0] if inputs else None
     if isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point():
         return int(first.shape[0]), int(first.shape[1])
+    if isinstance(first, torch.Tensor) and first.dim() >= 1:
+        return int(first.shape[0]), 0
     return 1, 0

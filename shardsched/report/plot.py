@@ -16,8 +16,15 @@ def figure(rows: int, cols: int, *, title: str, size: tuple[float, float] = (11.
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(rows, cols, figsize=size, squeeze=False)
-    fig.suptitle(title)
+    fig.suptitle(wrapped(title, 110))
     return fig, [ax for row in axes for ax in row]
+
+
+def wrapped(title: str, width: int = 72) -> str:
+    """A title broken at spaces into lines of at most `width` characters: matplotlib
+    never wraps, and a long one-line title is cut off at the figure's edge."""
+    import textwrap
+    return "\n".join(textwrap.wrap(title, width)) or title
 
 
 def save(fig, path: str | os.PathLike) -> Path:

@@ -39,6 +39,8 @@ def add_tradeoff_arguments(p: argparse.ArgumentParser) -> None:
     a("--csv", default=None, help="write one row per budget: composition and every configuration's step time")
     a("--png", default=None, help="write the figure: step time vs budget, one line per configuration")
     a("--measure", action="store_true", help="profile a preset by running it on this machine")
+    a("--wide", action="store_true", help="one column per uniform configuration (default: 80 columns, the best "
+                                          "uniform one per budget)")
 
 
 def _check_out(flag: str, path: str | None) -> None:
@@ -67,7 +69,10 @@ def run_tradeoff(args: argparse.Namespace) -> int:
         from shardsched.tradeoff.plot import tradeoff_png
         _png_atomic(args.png, points, title=f"{profile.model}: {cluster.world} x {cluster.device.name}, "
                                             f"{cluster.gpus_per_node} per node")
-    console(wide=True).print(table(points))  # one column per uniform strategy: 17 columns
+    if args.wide:
+        console(wide=True).print(table(points))  # one column per uniform configuration: ~200 columns
+    else:
+        console().print(narrow_table(points))
     return 0
 
 
@@ -98,6 +103,31 @@ SHORT = {"replicate": "DDP", "shard_grad_op": "ZeRO-2", "full_shard": "ZeRO-3", 
 def short_name(name: str) -> str:
     base, ckpt = name.removesuffix("+ckpt"), name.endswith("+ckpt")
     return SHORT.get(base, base) + ("+ck" if ckpt else "")
+
+
+def best_uniform(p) -> tuple[str, float] | None:
+    """(name, seconds) of the fastest uniform configuration that fits this budget."""
+    fits = [(p.uniform[n].seconds, n) for n in p.uniform if p.fits(n)]
+    return (min(fits)[1], min(fits)[0]) if fits else None
+
+
+def narrow_table(points) -> Table:
+    """80 columns: per budget the automatic plan, the best uniform configuration that
+    fits, and how much faster the plan is (`--wide` shows every configuration)."""
+    from rich import box
+    t = Table(title="predicted step time by per-worker budget (--wide: every configuration)", title_justify="left",
+              box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+              caption="DDP replicate, ZeRO-2/3 shard_grad_op/full_shard, HSDP hybrid_shard, +ck checkpointing",
+              caption_justify="left")
+    for col in ("budget", "auto", "best uniform", "speedup", "auto mix"):
+        t.add_column(col, justify="left" if col in ("best uniform", "auto mix") else "right",
+                     no_wrap=col != "auto mix", overflow="fold")
+    for p in points:
+        auto, best = p.auto.predicted.step_seconds if p.auto else None, best_uniform(p)
+        gain = f"{best[1] / auto:.2f}x" if auto and best else "-"
+        t.add_row(fmt_bytes(p.budget), fmt_seconds(auto),
+                  f"{short_name(best[0])} {fmt_seconds(best[1])}" if best else "none fits", gain, mix_label(p.auto))
+    return t
 
 
 def table(points) -> Table:

@@ -10,6 +10,15 @@ import math
 
 
 def tradeoff_png(path: str, points, *, title: str) -> None:
+    import matplotlib.pyplot as plt
+    fig = tradeoff_figure(points, title=title)
+    fig.savefig(path, format="png", bbox_inches="tight")  # "tight": the legend right of the axes is kept
+    plt.close(fig)
+
+
+def tradeoff_figure(points, *, title: str):
+    """The figure (not yet saved): one line per uniform configuration, the automatic plan
+    on top, its mix changes marked; the legend outside the axes."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -17,7 +26,7 @@ def tradeoff_png(path: str, points, *, title: str) -> None:
     from shardsched.tradeoff.sweep import mix_label
 
     gib = [p.budget / 2**30 for p in points]
-    fig, ax = plt.subplots(figsize=(10, 6), dpi=100)
+    fig, ax = plt.subplots(figsize=(12, 6), dpi=100)
     for name in points[0].uniform:
         ys = [p.uniform[name].seconds if p.fits(name) else math.nan for p in points]
         if any(not math.isnan(y) for y in ys):
@@ -33,9 +42,10 @@ def tradeoff_png(path: str, points, *, title: str) -> None:
         prev = mix
     ax.set_xlabel("per-worker memory budget (GiB)")
     ax.set_ylabel("predicted step time (s)")
-    ax.set_title(title)
+    from shardsched.report.plot import wrapped
+    ax.set_title(wrapped(title, 90))
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
+    # Outside the axes, right of them: inside, the legend covered the flat uniform curves.
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
-    fig.savefig(path, format="png")
-    plt.close(fig)
+    return fig

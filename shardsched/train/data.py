@@ -117,4 +117,5 @@ def get_batch(tokens: torch.Tensor, *, seed: int, step: int, batch: int, seq: in
     rows = batch // world
     mine = offsets[rank * rows:(rank + 1) * rows]
     window = torch.stack([tokens[o:o + seq + 1] for o in mine.tolist()]).long()
-    return window[:, :-1], window[:, 1:]
+    # contiguous: models call .view on their inputs (T5 does), which a slice refuses
+    return window[:, :-1].contiguous(), window[:, 1:].contiguous()

@@ -111,12 +111,14 @@ def run_train(args: argparse.Namespace) -> int:
     from shardsched.train.lock import run_dir_lock
     from shardsched.train.hostmem import check_local_workers
     from shardsched.train.resume import reuse_saved_run
+    from shardsched.train.validate import check_user_model_shape
     rdzv = external_rendezvous()
     reused = reuse_saved_run(args, world_from_launcher=rdzv and rdzv.world, from_saved=_FROM_SAVED)
     world = world_size(args.nproc)
     cfg = config_from_args(args)
     check_local_workers(cfg, world=world, external=rdzv is not None)  # before anything builds the model
     cfg = validate(cfg, world=world)
+    check_user_model_shape(args)
     if reused and not cfg.quiet and _is_first_process():
         print(reused, flush=True)
     try:

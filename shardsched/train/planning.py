@@ -101,7 +101,8 @@ def make_local_plan(cfg: TrainConfig, built: Built, *, world: int, profile: Prof
     budget, notes = cfg.memory_budget_bytes, ()
     if cfg.strategy in (None, "auto") and budget is None:
         budget = default_budget(profile, cluster, precision=precision, optimizer=Optimizer.ADAM)
-        notes = (f"default memory budget {budget} bytes: midway between the least-memory plan and "
+        from shardsched._fmt import fmt_bytes
+        notes = (f"default memory budget {fmt_bytes(budget)}: midway between the least-memory plan and "
                  f"shard_grad_op everywhere (give --memory-budget or --strategy to choose)",)
     plan = make_plan(profile, cluster, strategy=cfg.strategy or "auto",
                      precision=precision, optimizer="adam", memory_budget_bytes=budget)

@@ -83,8 +83,10 @@ class Progress:
     """The progress of one run on rank 0 (see the module docstring for the modes)."""
 
     def __init__(self, *, mode: ProgressMode, start: int, total: int, every: int,
-                 log: TextIO | None = None, terminal: TextIO | None = None):
+                 log: TextIO | None = None, terminal: TextIO | None = None, unit: str = "tok"):
         self.mode, self.start, self.total, self.every, self.log = mode, start, total, every, log
+        self.unit = unit  # what the throughput counts: "tok", "img" (vision models) or "rows"
+        self.last = start  # the last step finished: an interrupted run stops before `total`
         self.t0 = time.perf_counter()
         self.extra = ""
         self.bar = None
@@ -103,13 +105,14 @@ class Progress:
 
     def update(self, step: int, *, loss: float, tokens_per_s: float, step_seconds: float,
                val_loss: float | None = None) -> None:
-        info = f"loss {loss:.4f}  {tokens_per_s:,.0f} tok/s{self.extra}"
+        self.last = step
+        info = f"loss {loss:.4f}  {tokens_per_s:,.0f} {self.unit}/s{self.extra}"
         if self.bar is not None:
             progress, task = self.bar
             progress.update(task, completed=step, info=info)
         if step % self.every == 0 or step == self.total or val_loss is not None:
             val = f"  val {val_loss:.4f}" if val_loss is not None else ""
-            self._emit(f"step {step}/{self.total}  loss {loss:.4f}{val}  {tokens_per_s:,.0f} tok/s  "
+            self._emit(f"step {step}/{self.total}  loss {loss:.4f}{val}  {tokens_per_s:,.0f} {self.unit}/s  "
                        f"{step_seconds * 1e3:.1f} ms/step  eta {self._eta(step)}")
 
     def _eta(self, step: int) -> str:
@@ -121,7 +124,11 @@ class Progress:
         if self.bar is not None:
             self.bar[0].stop()
         elapsed = time.perf_counter() - self.t0
-        self._emit(f"train: done, {self.total - self.start} steps in {elapsed:.1f} s")
+        ran = f"{self.last - self.start} steps in {elapsed:.1f} s"
+        if self.last < self.total:  # interrupted (a signal, a failed worker): never "done"
+            self._emit(f"train: stopped at step {self.last} of {self.total} ({ran})")
+        else:
+            self._emit(f"train: done, {ran}")
 
 
 def _rich_bar(stream: TextIO, *, start: int, total: int):

@@ -42,8 +42,13 @@ _USAGE_PREFIX = f"{UsageError.__module__}.{UsageError.__qualname__}: "
 
 
 def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else "unknown error"
+    """The exception's first line: the first unindented line after the traceback's last
+    frame (a message of several lines, e.g. torch.utils.checkpoint's, would otherwise be
+    named by its tail)."""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    frames = [i for i, ln in enumerate(lines) if ln.startswith("  ")]
+    start = frames[-1] + 1 if frames and frames[-1] + 1 < len(lines) else len(lines) - 1
+    return lines[start].strip() if lines else "unknown error"
 
 
 class _ParentSignals:

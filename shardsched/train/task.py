@@ -65,6 +65,12 @@ class Task:
     """(i, rank, world) -> inputs of validation batch i; None: no validation loss."""
     tokens_per_step: int
     """Tokens (text models) or leading-dimension rows (others) of one global batch."""
+    micro_batch: int = 0
+    """Rows of one worker's batch (the shape the console states; 0: not known)."""
+    seq: int = 0
+    """Tokens per row (0: not token sequences)."""
+    unit: str = "tok"
+    """What tokens_per_step counts, as the console prints it per second: "tok", "img" or "rows"."""
     notes: tuple[str, ...] = ()
     """One-line facts about the data a user should know (e.g. repeated inputs)."""
     data_used: dict = field(default_factory=dict)
@@ -78,7 +84,12 @@ def build(cfg: TrainConfig, *, world: int) -> Built:
     from shardsched.models.spec import parse_model_spec
     from shardsched.models.hf import training_defaults
     spec = parse_model_spec(cfg.model)  # UsageError on a bad spec
-    built = _build_text_lm(cfg, spec, world=world) if spec.text_lm else _build_user(cfg, spec.name)
+    if spec.text_lm:
+        built = _build_text_lm(cfg, spec, world=world)
+    elif spec.sized:  # hf: vision models: built by their spec, fed synthetic labelled images
+        built = _build_vision(cfg, spec, world=world)
+    else:
+        built = _build_user(cfg, spec.name)
     training_defaults(built.model)  # HF models: KV cache off (models/hf.py), as the plan was profiled
     return built
 
@@ -96,6 +107,40 @@ def _build_text_lm(cfg: TrainConfig, spec, *, world: int) -> Built:
             raise UsageError(f"--model {cfg.model}: vocabulary {vocab} < 256 cannot hold byte-level text")
     idx = torch.zeros(max(1, cfg.batch // world), cfg.seq, dtype=torch.long)
     return Built(model=model, example_inputs=(idx, idx.clone()), batch_fn=None, text_lm=True)
+
+
+def _build_vision(cfg: TrainConfig, spec, *, world: int) -> Built:
+    """An image classifier (`model(pixel_values, labels)` is the loss) at this worker's
+    micro-batch, trained on `image_batch_fn`'s classes."""
+    from shardsched.train.data import check_divisible
+    check_divisible(batch=cfg.batch, world=world)
+    model, inputs = _call_builder(lambda: spec.builder(micro_batch=cfg.batch // world, seed=cfg.seed), cfg.model)
+    pixels = inputs[0]
+    classes = int(getattr(model.config, "num_labels", 2))
+    fn = image_batch_fn(shape=tuple(pixels.shape[1:]), classes=classes, batch=cfg.batch, seed=cfg.seed)
+    return Built(model=model, example_inputs=fn(0, 0, world), batch_fn=fn, text_lm=False)
+
+
+def image_batch_fn(*, shape: tuple, classes: int, batch: int, seed: int = 0, salt: int = 0) -> BatchFn:
+    """batch_fn over synthetic labelled images: class k's images are a fixed coarse
+    pattern (8x8 per channel, upsampled to `shape`) plus unit noise, so the classes
+    can be learned and the loss falls. Global batch `step` depends on (seed, step, salt)
+    only; rank r gets rows [r*B/W, (r+1)*B/W), so losses do not depend on the world size.
+    Returns (pixel_values, labels)."""
+    import torch.nn.functional as F
+
+    from shardsched.train.data import _generator
+    channels, size = shape[0], tuple(shape[1:])
+    patterns = torch.randn(classes, channels, 8, 8, generator=torch.Generator().manual_seed(seed + 7))
+
+    def batch_fn(step: int, rank: int, world: int) -> tuple:
+        gen = _generator(seed, step, salt)
+        labels = torch.randint(0, classes, (batch,), generator=gen)
+        noise = torch.randn(batch, *shape, generator=gen)
+        rows = slice(rank * (batch // world), (rank + 1) * (batch // world))
+        pixels = F.interpolate(patterns[labels[rows]], size=size, mode="nearest") + noise[rows]
+        return pixels.contiguous(), labels[rows].contiguous()
+    return batch_fn
 
 
 def _build_user(cfg: TrainConfig, name: str) -> Built:
@@ -116,9 +161,9 @@ def _build_user(cfg: TrainConfig, name: str) -> Built:
 def _user_function(name: str) -> Callable[[], Any]:
     """The raw `python:module:function` (spec parsing already checked that it imports).
 
-    [Note: models.spec wraps the function into a builder that accepts only the
-    2-tuple form, which `plan` needs; training also takes a batch function, so the
-    function itself is looked up again here.]"""
+    [Note: models.spec wraps the function into a builder that keeps only
+    (model, example_inputs), which `plan` needs; training also takes the batch
+    function, so the function itself is looked up again here.]"""
     from shardsched.models.spec import _import
     module_name, _, func_name = name[len("python:"):].rpartition(":")
     return getattr(_import(module_name), func_name)
@@ -176,8 +221,19 @@ def _corpus_fn(tokens: torch.Tensor, *, batch: int, seq: int, seed: int, salt: i
 
 
 def make_task(cfg: TrainConfig, built: Built, *, world: int) -> Task:
-    """Where each step's inputs come from: the corpus, the user's batch function, or
-    the example inputs again (on every rank)."""
+    """Where each step's inputs come from, and the shape of one worker's batch."""
+    import dataclasses
+
+    from shardsched.profile.measure import batch_and_seq
+    task = _task(cfg, built, world=world)
+    micro_batch, seq = batch_and_seq(built.example_inputs)
+    return dataclasses.replace(task, micro_batch=micro_batch, seq=seq)
+
+
+def _task(cfg: TrainConfig, built: Built, *, world: int) -> Task:
+    """Where each step's inputs come from: the corpus, synthetic images (hf: vision
+    models), the user's batch function, or the example inputs again (on every rank)."""
+    from shardsched.models.spec import parse_model_spec
     if built.text_lm:
         from shardsched.train.data import check_divisible, load_text
         check_divisible(batch=cfg.batch, world=world)
@@ -187,12 +243,18 @@ def make_task(cfg: TrainConfig, built: Built, *, world: int) -> Task:
         used = {"source": text.source, "train_bytes": int(text.train.numel()), "val_bytes": int(text.val.numel())}
         return Task(train_batch=_corpus_fn(text.train, **kw, salt=0), eval_batch=_corpus_fn(text.val, **kw, salt=1),
                     tokens_per_step=cfg.batch * cfg.seq, data_used=used)
+    if built.batch_fn is not None and parse_model_spec(cfg.model).sized:
+        pixels = built.example_inputs[0]
+        classes = int(getattr(built.model.config, "num_labels", 2))
+        val = image_batch_fn(shape=tuple(pixels.shape[1:]), classes=classes, batch=cfg.batch, seed=cfg.seed, salt=1)
+        return Task(train_batch=built.batch_fn, eval_batch=val, tokens_per_step=cfg.batch, unit="img",
+                    data_used={"source": f"synthetic images: {classes} classes of {tuple(pixels.shape[1:])}"})
     if built.batch_fn is not None:
         return Task(train_batch=built.batch_fn, eval_batch=None, tokens_per_step=_rows(built.example_inputs) * world,
-                    data_used={"source": f"batch_fn of {cfg.model}"})
+                    unit="rows", data_used={"source": f"batch_fn of {cfg.model}"})
     inputs = built.example_inputs
     return Task(train_batch=lambda step, rank, world: inputs, eval_batch=None,
-                tokens_per_step=_rows(inputs) * world, notes=(f"{cfg.model} {REPEATS_NOTE}",),
+                tokens_per_step=_rows(inputs) * world, unit="rows", notes=(f"{cfg.model} {REPEATS_NOTE}",),
                 data_used={"source": f"example inputs of {cfg.model}, repeated every step"})
 
 

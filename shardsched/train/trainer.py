@@ -242,7 +242,25 @@ def _resume(run: _Run) -> int:
         raise UsageError(f"checkpoint {path} is at step {meta['step']}, beyond --steps {cfg.steps}")
     if run.rank == 0 and not cfg.quiet:
         print(f"resuming from {path} (step {meta['step']})", flush=True)
+        note = schedule_change(meta, cfg)
+        if note:
+            print(note, flush=True)
     return int(meta["step"])
+
+
+def schedule_change(meta: dict, cfg: TrainConfig) -> str | None:
+    """The line saying the learning rate jumps on resume: the schedule's horizon is
+    --steps, so a resume with more (or fewer) steps than the saved run stretches the
+    cosine and the rate at the checkpoint's step changes; None when it does not."""
+    saved = (meta.get("config") or {})
+    step, old_steps = int(meta["step"]), saved.get("steps")
+    old_lr, old_warmup = saved.get("lr", cfg.lr), saved.get("warmup", cfg.warmup)
+    if not old_steps or old_steps == cfg.steps:
+        return None
+    before = lr_at(step - 1, steps=old_steps, lr=old_lr, warmup=old_warmup)
+    after = lr_at(step, steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup)
+    return (f"note: the learning-rate schedule now spans {cfg.steps} steps, not {old_steps}: at step {step} "
+            f"the rate goes from {before:.1e} to {after:.1e} (pass --steps {old_steps} to keep the schedule)")
 
 
 def _write_run_files(cfg: TrainConfig, plan: Plan, task: Task) -> None:
@@ -296,9 +314,9 @@ def _train(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.devic
     if run.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(run.device)
     mode = progress_mode(quiet=cfg.quiet, stream=sys.stdout) if rank == 0 else ProgressMode.QUIET
-    progress = Progress(mode=mode, start=start, total=cfg.steps, log=log,
+    progress = Progress(mode=mode, start=start, total=cfg.steps, log=log, unit=run.task.unit,
                         every=cfg.log_every or default_every(start=start, total=cfg.steps))
-    progress.begin(f"{cfg.model}, {mesh.size()} workers, {_plan_words(run.plan)}")
+    progress.begin(f"{cfg.model}, {mesh.size()} workers, {_shape_words(run)}, {_plan_words(run.plan)}")
     if cpu_peak is not None:
         progress.extra = f"  peak {fmt_bytes(cpu_peak)}/worker"
     try:
@@ -318,11 +336,22 @@ def _train(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.devic
                        model=run.model, optimizer=run.opt)
 
 
+def _shape_words(run: _Run) -> str:
+    """The micro-batch (and sequence) each worker trains on; the plan's assumption too
+    when it differs (a --plan made for another shape predicts another memory)."""
+    from shardsched.plan.report import shape_words
+    t, plan = run.task, run.plan
+    words = f"micro-batch {t.micro_batch}" + (f" x seq {t.seq}" if t.seq else "")
+    assumed = shape_words(plan)
+    return words if assumed == words else f"{words} (the plan assumed {assumed})"
+
+
 def _plan_words(plan: Plan) -> str:
+    from shardsched.plan.report import plural
     from shardsched.runtime.ddp import runs_on_ddp
     kinds = sorted({u.strategy.value for u in plan.units})
     engine = "DDP" if runs_on_ddp(plan) else "FSDP2"
-    return f"{len(plan.units)} units ({', '.join(kinds)}) on {engine}"
+    return f"{plural(len(plan.units), 'unit')} ({', '.join(kinds)}) on {engine}"
 
 
 def _median_step_seconds(run: _Run) -> float | None:
@@ -344,9 +373,11 @@ def _summary(run: _Run, start: int, peaks: list) -> dict:
         "measured_peak_bytes": max(known) if known else None,
         "measured_peak_bytes_per_worker": peaks,
         "predicted_peak_bytes": plan.predicted.peak_bytes,
+        "memory_budget_bytes": plan.memory_budget_bytes,
         "measured_step_seconds": median,
         "predicted_step_seconds": plan.predicted.step_seconds,
         "tokens_per_s": run.task.tokens_per_step / median if median else None,
+        "throughput_unit": run.task.unit,
         "units": [{"name": u.name, "layers": list(u.layers), "strategy": u.strategy.value} for u in plan.units],
         "notes": list(dict.fromkeys([*plan.notes, *run.task.notes])),  # a model note is in both
         "fingerprint": plan.fingerprint,

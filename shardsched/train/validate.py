@@ -40,6 +40,18 @@ def check_train_args(args: argparse.Namespace) -> None:
                          f"or one of its checkpoints/step_NNNNNN")
 
 
+def check_user_model_shape(args: argparse.Namespace) -> None:
+    """--batch / --seq with a `python:` model: its example inputs and batch_fn make every
+    batch, so the flags would change nothing; refused in one line rather than ignored.
+    Called once the function itself passed its checks (a wrong function is the first thing to say)."""
+    model = getattr(args, "model", None) or ""
+    given = [f"--{k} {getattr(args, k)}" for k in ("batch", "seq") if getattr(args, k, None) is not None]
+    if model.startswith("python:") and given and not getattr(args, "sync", None):
+        raise UsageError(f"{' '.join(given)}: {model} makes its own inputs (example_inputs, batch_fn), so "
+                         f"{'they' if len(given) > 1 else 'it'} would change nothing; accepted: leave "
+                         f"{'them' if len(given) > 1 else 'it'} out, size the inputs in your function")
+
+
 def run_dir_of(resume: str) -> Path:
     """The run directory of --resume (a run directory, or a checkpoint in one)."""
     path = Path(resume)

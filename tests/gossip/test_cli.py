@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import csv
+import subprocess
+import sys
 
 import pytest
 
@@ -54,3 +56,20 @@ def test_simulate_writes_csv_and_png(tmp_path, capsys):
     assert float(by_sync["allreduce"]["consensus_distance"]) < 1e-12
     assert float(by_sync["sgp"]["spectral_gap"]) == pytest.approx(1.0)  # 3 steps of the hypercube average exactly
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The table: 80 columns, every number whole (none cut to "…").
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80 and "…" not in out, out
+    sgp = next(line.split() for line in out.splitlines() if line.split()[:1] == ["sgp"])
+    assert sgp[1] == "1.0000" and sgp[4:6] == ["520", "B"]  # (64 + 1) x 8 bytes, as in the CSV
+
+
+def test_gossip_train_shows_progress(tmp_path):
+    """`train --sync` prints the same progress lines as `train` (it used to run silently)."""
+    r = subprocess.run([sys.executable, "-m", "shardsched", "train", "--sync", "sgp", "--nproc", "2", "--model", TINY,
+                        "--seq", "16", "--batch", "4", "--steps", "4", "--log-every", "2",
+                        "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(f"train: {TINY}, 2 workers, --sync sgp; steps 1-4")
+    assert [ln.split()[1] for ln in lines if ln.startswith("step ")] == ["2/4", "4/4"]
+    assert any(ln.startswith("train: done, 4 steps in") for ln in lines)

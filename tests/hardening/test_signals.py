@@ -83,7 +83,9 @@ def test_signal_to_the_parent_stops_everything(sig, code, checkpoints, tmp_path,
     last = _rows(run)[-1]["step"]
     assert f"after step {last}" in lines[0]
     assert [r["step"] for r in _rows(run)] == list(range(1, last + 1))
-    assert lines[0] in (run / "train.log").read_text()  # the story survives the terminal
+    log = (run / "train.log").read_text()
+    assert lines[0] in log  # the story survives the terminal
+    assert f"train: stopped at step {last} of 100000 ({last} steps in" in log and "train: done" not in log
     assert not (run / ".lock").exists()
     if not checkpoints:
         assert not (run / "checkpoints").exists()

@@ -89,7 +89,8 @@ def test_config_path_and_overrides(tmp_path):
     block = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h
     assert sum(u["params"] for u in plan["units"]) == 3 * block + 2 * 512 * h + h
     layers = [name for u in plan["units"] for name in u["layers"]]
-    assert [n for n in layers if re.fullmatch(r"model\.model\.layers\.\d", n)] == [f"model.model.layers.{i}" for i in range(3)]
+    # The bare HF model's names (LlamaForCausalLM.model.layers.i), no wrapper prefix.
+    assert [n for n in layers if re.fullmatch(r"model\.layers\.\d", n)] == [f"model.layers.{i}" for i in range(3)]
 
 
 @pytest.mark.parametrize("spec, message", [

@@ -28,3 +28,13 @@ def test_worker_death_stops_the_run(mode, message, tmp_path, monkeypatch, capsys
     assert elapsed < 5, elapsed
     steps = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert len(steps) == 1  # step 1 finished, step 2 never did
+
+
+def test_a_multi_line_error_is_named_by_its_first_line():
+    from shardsched.train.supervise import _last_line
+    tb = ("Traceback (most recent call last):\n  File \"w.py\", line 3, in step\n    loss.backward()\n"
+          "torch.utils.checkpoint.CheckpointError: A different number of tensors was saved\n"
+          "Number of tensors saved during forward: 21\n\nworkaround examples.\n")
+    assert _last_line(tb) == "torch.utils.checkpoint.CheckpointError: A different number of tensors was saved"
+    assert _last_line("shardsched.errors.UsageError: bad flag") == "shardsched.errors.UsageError: bad flag"
+    assert _last_line("") == "unknown error"

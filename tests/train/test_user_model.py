@@ -104,3 +104,12 @@ def test_checkpoint_and_resume_on_another_worker_count(tmp_path, capsys):
         assert resumed[step] == pytest.approx(whole[step], rel=1e-5), step
     summary = json.loads((second / "summary.json").read_text())
     assert summary["start_step"] == 3 and summary["world"] == 1 and summary["model"] == spec("mlp_batches")
+
+
+@pytest.mark.parametrize("flags, fragment", [(["--seq", "64"], "--seq 64: python:"),
+                                             (["--batch", "16", "--seq", "8"], "--batch 16 --seq 8: python:")])
+def test_shape_flags_for_a_user_model_are_refused_not_ignored(flags, fragment, tmp_path, capsys):
+    rc = main(["train", "--model", spec("mlp_batches"), "--nproc", "2", *flags, "--run-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and fragment in err and "would change nothing" in err, err
+    assert not (tmp_path / "r").exists()  # refused before anything is written

@@ -1,0 +1,47 @@
+"""The two library calls that have no home elsewhere: plan a model you hold, read a plan file.
+
+Everything else the public surface (`shardsched/__init__.py`) names lives where it
+is implemented; these compose those pieces the way `shardsched plan` does.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+if TYPE_CHECKING:
+    import torch.nn as nn
+
+    from shardsched.core.types import Plan
+
+
+def plan_model(model: "nn.Module", example_inputs: Sequence[Any], *, world: int, gpus_per_node: int | None = None,
+               device: str = "cpu", memory_budget: int | str | None = None, strategy: str | None = None,
+               precision: str = "fp32", name: str | None = None, time_limit: float = 10.0) -> "Plan":
+    """A plan for `model` on `world` workers of `device` (a preset name, `DEVICES`).
+
+    `model(*example_inputs)` is one worker's loss; it is traced on fake tensors (exact
+    bytes and FLOPs, nothing allocated, the same plan every call). `strategy` defaults to
+    "auto" with a `memory_budget` (bytes or "40GiB") and "full_shard" without. Call it
+    on one rank and broadcast the plan (or on every rank: it is deterministic)."""
+    from shardsched.cost.bytes import parse_bytes
+    from shardsched.cost.device import DEVICES, Cluster
+    from shardsched.errors import UsageError
+    from shardsched.profile.resolve import compute_dtype
+    from shardsched.core.types import Precision
+    from shardsched.profile.trace import trace_profile
+    from shardsched.solve.build import make_plan
+    if device not in DEVICES:
+        raise UsageError(f"unknown device {device!r}; accepted: {', '.join(DEVICES)}")
+    budget = parse_bytes(memory_budget) if isinstance(memory_budget, str) else memory_budget
+    dtype = compute_dtype(Precision(precision))
+    profile = trace_profile(model, tuple(example_inputs), name=name or type(model).__name__,
+                            device=DEVICES[device], compute_dtype=dtype)
+    cluster = Cluster(world=world, gpus_per_node=gpus_per_node or min(8, world), device=DEVICES[device])
+    return make_plan(profile, cluster, strategy=strategy or ("auto" if budget else "full_shard"),
+                     precision=precision, memory_budget_bytes=budget, time_limit=time_limit)
+
+
+def load_plan(path: str) -> "Plan":
+    """The plan in a JSON file (`shardsched plan --out`, a run's plan.json); a UsageError
+    naming what is wrong otherwise. `parallelize` checks it belongs to your model."""
+    from shardsched.plan.validate import read_plan_file
+    return read_plan_file(path)
