@@ -76,6 +76,9 @@ class MilpResult(NamedTuple):
     gap: float | None
     """Relative gap; None when HiGHS knows no bound (never "optimal" with an infinite gap)."""
     seconds: float
+    bound: float = 0.0
+    """A proven lower bound on the step seconds of any schedule of this grouping that fits
+    (+inf: none fits; 0: nothing proven)."""
 
 
 class _Model:
@@ -546,19 +549,36 @@ class _Build:
         return Choice(strat, fwd, bwd, ckpt if any(ckpt) else ())
 
 
+NODES = 400
+"""Branch-and-bound nodes per grouping (`mip_max_nodes`): the deterministic work limit."""
+
+
+def _new_highs() -> highspy.Highs:
+    """The one place a HiGHS object is made: quiet, one thread, a fixed seed, so the same
+    model gives the same answer on any machine (no wall-clock limit decides anything)."""
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("random_seed", 0)
+    return h
+
+
 def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | None = None,
-          start_seconds: float | None = None, time_limit: float = 10.0, gap: float = 1e-9) -> MilpResult:
-    """Optimal schedule of one grouping under `budget` bytes (HiGHS, warm-started)."""
+          start_seconds: float | None = None, nodes: int = NODES, time_limit: float = math.inf,
+          gap: float = 1e-9) -> MilpResult:
+    """Optimal schedule of one grouping under `budget` bytes (HiGHS, warm-started), within
+    `nodes` branch-and-bound nodes. `time_limit` is a safety cut-off only: a run it stops
+    reports status "time limit reached", and its answer may depend on the machine."""
     t0 = time.perf_counter()
     b = _Build(p, budget=budget, ahead=p.n if ahead is None else ahead,
                t_ub=start_seconds if start is not None else None)
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("time_limit", max(0.05, time_limit - (time.perf_counter() - t0)))
+    h = _new_highs()
+    h.setOptionValue("mip_max_nodes", int(nodes))
+    if math.isfinite(time_limit):
+        h.setOptionValue("time_limit", max(0.05, time_limit - (time.perf_counter() - t0)))
     h.setOptionValue("mip_rel_gap", gap)
     h.setOptionValue("mip_feasibility_tolerance", 1e-9)
     h.setOptionValue("primal_feasibility_tolerance", 1e-9)
-    h.setOptionValue("threads", 1)
     h.passModel(b.m.lp())
     if start is not None:
         sol = highspy.HighsSolution()
@@ -568,11 +588,33 @@ def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | 
     h.run()
     status = h.modelStatusToString(h.getModelStatus()).lower()
     info = h.getInfo()
+    bound = _bound(info, status) * b.tscale
     if info.primal_solution_status == 0:  # no feasible point
-        return MilpResult(None, math.inf, status, None, time.perf_counter() - t0)  # no point, no bound
+        return MilpResult(None, math.inf, status, None, time.perf_counter() - t0, bound)
     x = np.array(h.getSolution().col_value)
     return MilpResult(b.choice(x), info.objective_function_value * b.tscale, status,
-                      _gap(status, float(info.mip_gap)), time.perf_counter() - t0)
+                      _gap(status, float(info.mip_gap)), time.perf_counter() - t0, bound)
+
+
+def lower_bound(p: Problem) -> float:
+    """A bound no schedule of this grouping beats, whatever its strategies, checkpointing,
+    launches or budget: the compute stream alone, or the serial channel alone (both rows
+    of the MILP, `_times`), then the optimizer step at its cheapest. Seconds, O(n)."""
+    c = costs_of(p)
+    comm = sum(min(c.agf[i][k] + c.agb[i][k] + c.red[i][k] for k in p.allowed[i]) for i in range(p.n))
+    opt = sum(min(c.shard[i][k] for k in p.allowed[i]) for i in range(p.n)) * c.opt_per_param
+    return max(sum(c.fwd) + sum(c.bwd), comm) + opt
+
+
+def _bound(info, status: str) -> float:
+    """A proven lower bound on the grouping's step time (scaled): HiGHS's dual bound;
+    +inf when the grouping is proven infeasible; 0 (no bound) when HiGHS has none."""
+    if status == "infeasible":
+        return math.inf
+    if status == "optimal" and info.primal_solution_status:
+        return info.objective_function_value
+    d = float(info.mip_dual_bound)
+    return d if math.isfinite(d) else 0.0
 
 
 def _gap(status: str, mip_gap: float) -> float | None:
