@@ -42,11 +42,12 @@ def auto_search(profile: Profile, cluster: Cluster, *, spec: StrategySpec, preci
     kw = dict(pins=pins, precision=precision, optimizer=optimizer)
     base = uniform_baselines(profile, cluster, **kw)
     problems = [p._replace(checkpointable=True) for p in candidate_problems(profile, cluster, **kw)]
+    # The smallest units there are (what the message below measures) are always in the
+    # space: partitioning can buy speed too (less sharding fits), and a space that changed
+    # with the budget would break monotonicity.
+    problems.append(finest_problem(profile, cluster, **kw)._replace(checkpointable=True))
     problems = with_baseline_groupings(problems, base, pins)
     found = search(problems, budget=budget, base=base, seeds=seeds, effort=effort, time_limit=time_limit)
-    if found is None:  # last resort: the smallest units there are (what the message below measures)
-        problems.append(finest_problem(profile, cluster, **kw)._replace(checkpointable=True))
-        found = search(problems, budget=budget, base=base, seeds=seeds, effort=effort, time_limit=time_limit)
     if found is None:
         raise InfeasibleBudget(infeasible_message(profile, cluster, budget=budget, problems=problems, **kw))
     return found, base, problems, pins

@@ -106,7 +106,11 @@ def key(p: Problem) -> tuple:
 def with_baseline_groupings(problems: list[Problem], base: list[Scored], pins: dict) -> list[Problem]:
     """The uniform baselines' groupings join the space (every strategy, checkpointing), so
     the bound covers every plan the planner may return."""
-    out, seen = list(problems), {key(p) for p in problems}
+    out, seen = [], set()
+    for p in problems:  # distinct groupings, first kept
+        if key(p) not in seen:
+            seen.add(key(p))
+            out.append(p)
     for s in base:
         if key(s.problem) in seen:
             continue
@@ -191,7 +195,7 @@ def search(problems: list[Problem], *, budget: int, base: list[Scored], seeds: t
                            deadline=deadline, notes=notes)
         outcomes[key(p)] = o
         incumbent = min(incumbent, o.best.seconds if o.best else math.inf)
-    pool = [o.best for o in outcomes.values() if o.best] + [s for s in base if s.peak <= budget]
+    pool = [o.best for o in outcomes.values() if o.best] + [s for s in (*base, *seeds) if s.peak <= budget]
     if not pool:
         return None
     # Ties go to the MILP's schedule, then to the smaller peak.
