@@ -29,7 +29,7 @@ def without_seconds(text: str) -> str:
 
 def test_same_plan_on_a_busy_machine(tmp_path):
     quiet = run_plan(tmp_path / "quiet.json", hash_seed="1")
-    burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(3)]
+    burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(2)]
     try:
         busy = run_plan(tmp_path / "busy.json", hash_seed="2")
     finally:
