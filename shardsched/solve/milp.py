@@ -596,14 +596,38 @@ def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | 
                       _gap(status, float(info.mip_gap)), time.perf_counter() - t0, bound)
 
 
-def lower_bound(p: Problem) -> float:
-    """A bound no schedule of this grouping beats, whatever its strategies, checkpointing,
-    launches or budget: the compute stream alone, or the serial channel alone (both rows
-    of the MILP, `_times`), then the optimizer step at its cheapest. Seconds, O(n)."""
+def lower_bound(p: Problem, budget: float = math.inf) -> float:
+    """A bound no fitting schedule of this grouping beats, whatever its strategies,
+    checkpointing or launches: the compute stream with the least recomputation that lets
+    the activations fit (`_least_recompute`), or the serial channel alone (both rows of
+    the MILP, `_times`), then the optimizer step at its cheapest. Seconds, O(n log n)."""
     c = costs_of(p)
     comm = sum(min(c.agf[i][k] + c.agb[i][k] + c.red[i][k] for k in p.allowed[i]) for i in range(p.n))
     opt = sum(min(c.shard[i][k] for k in p.allowed[i]) for i in range(p.n)) * c.opt_per_param
-    return max(sum(c.fwd) + sum(c.bwd), comm) + opt
+    return max(sum(c.fwd) + sum(c.bwd) + _least_recompute(p, c, budget), comm) + opt
+
+
+def _least_recompute(p: Problem, c: Costs, budget: float) -> float:
+    """Fractional knapsack: when the last unit's forward runs, the persistent states (at
+    their most sharded), every unit's retained activations and the input are live (the
+    MILP's forward row of unit n-1, all other terms >= 0). Activations beyond what fits
+    must be dropped by checkpointing; the cheapest seconds per byte first, fractions
+    allowed, is a lower bound on the recomputation any fitting schedule pays
+    (+inf: not even checkpointing everything fits)."""
+    sb = c.state
+    states = sum(min(c.shard[i][k] for k in p.allowed[i]) for i in range(p.n)) * (sb.param + sb.optimizer)
+    excess = states + sum(c.act) + c.input_bytes - (budget + 4096)  # 4 KiB: the rows match the simulator to 64 B
+    if excess <= 0:
+        return 0.0
+    saves = sorted((c.fwd[i] / (c.act[i] - c.inp[i]), c.act[i] - c.inp[i]) for i in range(p.n)
+                   if p.can_checkpoint(i) and c.act[i] > c.inp[i])
+    seconds = 0.0
+    for per_byte, size in saves:
+        take = min(size, excess)
+        seconds, excess = seconds + take * per_byte, excess - take
+        if excess <= 0:
+            return seconds
+    return math.inf
 
 
 def _bound(info, status: str) -> float:

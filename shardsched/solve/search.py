@@ -149,7 +149,7 @@ def _milp(p: Problem, start: Scored | None, *, budget: int, effort: Effort, left
 def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Effort, incumbent: float,
                    deadline: float, notes: list) -> Outcome:
     """Steps 2-3 of the module docstring for one grouping."""
-    lb = milp.lower_bound(p)
+    lb = milp.lower_bound(p, budget)
     if start is not None and start.seconds <= lb * (1 + OPTIMAL_TOL):
         return Outcome(start, start.seconds)  # the start meets the bound: optimal, nothing to solve
     if lb >= incumbent or not effort.runs_milp(p) or (start is None and p.n > FULL_WINDOW_UNITS):
