@@ -168,12 +168,17 @@ def upgrade(ev: Evaluator, ch: Choice, *, budget: int) -> Choice:
     for _, i, a, b in _moves(ev, ch):
         if a is not None and ch.strategies[i] is not a:
             continue
-        cand = _with(ch, i, b)
-        if ev.peak(cand) <= budget:
-            tc = ev.seconds(cand)
-            if tc <= t:
-                ch, t = cand, tc
+        ch, t = _kept(ev, ch, t, _with(ch, i, b), budget)
     return ch
+
+
+def _kept(ev: Evaluator, ch: Choice, t: float, cand: Choice, budget: int) -> tuple[Choice, float]:
+    """`cand` and its seconds when it fits and is not slower; else `ch`, `t`."""
+    if ev.peak(cand) <= budget:
+        tc = ev.seconds(cand)
+        if tc <= t:
+            return cand, tc
+    return ch, t
 
 
 def _hoisted(ch: Choice, *, fwd: dict | None = None, bwd: dict | None = None) -> Choice:
@@ -251,11 +256,7 @@ def recompute_less(ev: Evaluator, ch: Choice, *, budget: int) -> Choice:
     order = sorted((i for i in range(ev.p.n) if ch.ckpt and ch.ckpt[i]),
                    key=lambda i: (-c.fwd[i] / max(c.act[i] - c.inp[i], 1), i))
     for i in order:
-        cand = _with(ch, i, None)
-        if ev.peak(cand) <= budget:
-            tc = ev.seconds(cand)
-            if tc <= t:
-                ch, t = cand, tc
+        ch, t = _kept(ev, ch, t, _with(ch, i, None), budget)
     return ch
 
 
