@@ -6,7 +6,7 @@ of them every strategy the cluster offers (less pins), checkpointing per unit, a
 AllGather launch point within `milp.windows` of its use. Per grouping, in a fixed order:
   1. starts: its greedy schedule, a fitting uniform baseline of that grouping, and any
      `seeds` (schedules found at a smaller budget: they fit this one too);
-  2. a lower bound no schedule of it beats (`milp.lower_bound`, O(n)); a grouping whose
+  2. a lower bound no schedule of it beats (`milp.lower_bound`, O(n log n)); a grouping whose
      bound is not below the incumbent is closed without a MILP;
   3. the MILP, warm-started from the best start, within a node limit (`Effort`): it never
      returns worse than its start, and HiGHS's dual bound raises the grouping's bound.
@@ -31,8 +31,9 @@ from typing import NamedTuple
 
 from shardsched.solve import milp
 from shardsched.solve.baselines import Scored, score
-from shardsched.solve.candidates import Problem, _allowed
-from shardsched.solve.greedy import greedy
+from shardsched.solve.candidates import Choice, Problem, _allowed
+from shardsched.solve.greedy import Evaluator, greedy, least_memory, recompute_less
+from shardsched.sim.scenario import default_launch
 from shardsched.plan.units import ROOT, root_strategy
 
 FULL_WINDOW_UNITS = 40
@@ -130,7 +131,34 @@ def _start(p: Problem, *, budget: int, extra: list[Scored], greedy_ok: bool) -> 
         ch = greedy(p, budget=budget, ahead=ahead_for(p.n))
         if ch is not None:
             pool.append(score("greedy", p, ch))
-    return min(pool, key=lambda s: (s.seconds, s.peak), default=None)
+        least = score("greedy", p, prefetched_least(p))
+        if least.peak <= budget:
+            pool.append(_polished(p, least, budget=budget))
+    pool = [s for s in pool if s.peak <= budget]
+    best = min(pool, key=lambda s: (s.seconds, s.peak), default=None)
+    return _polished(p, best, budget=budget) if best is not None and any(best.choice.ckpt) else best
+
+
+def prefetched_least(p: Problem) -> Choice:
+    """The least-memory strategies and checkpointing with FSDP2's one-ahead prefetch: where
+    the greedy's upgrades take the memory its hoisting needed (big groupings: uniform
+    hoisting), this start then spends what is left on recomputing less (`_polished`)."""
+    ch = least_memory(p)
+    fwd, bwd = default_launch(ch.strategies, ahead=1)
+    return ch._replace(fwd=fwd, bwd=bwd)
+
+
+def _polished(p: Problem, s: Scored, *, budget: int) -> Scored:
+    """The start with checkpointing switched off where it still fits (`greedy.recompute_less`):
+    a uniform `+ckpt` baseline often beats the greedy schedule (its prefetch fits where the
+    greedy spent memory on strategies first) yet checkpoints more than the budget needs
+    (Llama-2-70B, 512 A100s, 40 GiB: every unit, at a 25 GiB peak)."""
+    ev = Evaluator(p)
+    ch = recompute_less(ev, s.choice, budget=budget)
+    if ch == s.choice:
+        return s
+    better = score(s.name, p, ch)
+    return better if better.peak <= budget and better.seconds <= s.seconds else s
 
 
 def _milp(p: Problem, start: Scored | None, *, budget: int, effort: Effort, left: float,
