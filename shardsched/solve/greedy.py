@@ -26,8 +26,10 @@ from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad
 from shardsched.solve.milp import FS, FSN, HS, HSGO, REP, SGO, costs_of
 from shardsched.sim.timeline import replay
 
-PER_AG_HOIST_UNITS = 40
-"""Above this many units, hoist all AllGathers together (see module docstring)."""
+PER_AG_HOIST_UNITS = 20
+"""Above this many units, hoist all AllGathers together (see module docstring). 20, the
+MILP's size at scale 1 (`search.Effort`): on Llama-7B's 33-34 units per-AllGather hoisting
+took 4-5x longer (3-17 s of a 10 s target) for the same plans (worlds 64 and 256)."""
 MIN_FIRST = (FS, FSN, HS, SGO, HSGO, REP)
 """Least persistent-plus-held memory first (upgrades only move right)."""
 

@@ -51,9 +51,10 @@ class Effort(NamedTuple):
     scale: float = 1.0
     nodes: int = 100
     """Branch-and-bound nodes per grouping at scale 1."""
-    milp_units: int = 40
-    """Groupings of more units get no MILP at scale 1: HiGHS's root node alone takes
-    10-50 s on 80-400 units with the capped window (measured, GPT-3 175B, 2-core machine)."""
+    milp_units: int = 20
+    """Groupings of more units get no MILP at scale 1: HiGHS's root node alone (whatever the
+    node limit) takes 5-20 s on Llama-7B's 34 units and 30-50 s on GPT-3's 97 (2-core machine
+    shared with other work); there the MILP improved the greedy starts by 0.4-0.7%."""
 
     def node_limit(self) -> int:
         return max(1, round(self.nodes * self.scale))
