@@ -4,8 +4,10 @@ The declared search space (recorded in the plan as `solver.search_space`): the c
 groupings (`solve.candidates`, plus the groupings of the uniform baselines), and for each
 of them every strategy the cluster offers (less pins), checkpointing per unit, and every
 AllGather launch point within `milp.windows` of its use. Per grouping, in a fixed order:
-  1. starts: its greedy schedule, a fitting uniform baseline of that grouping, and any
-     `seeds` (schedules found at a smaller budget: they fit this one too);
+  1. starts: its greedy schedule, the least-memory schedule with one-ahead prefetch, a
+     fitting uniform baseline of that grouping, and any `seeds` (schedules found at a
+     smaller budget: they fit this one too); the best, with checkpointing switched off
+     wherever it still fits (`_polished`);
   2. a lower bound no schedule of it beats (`milp.lower_bound`, O(n log n)); a grouping whose
      bound is not below the incumbent is closed without a MILP;
   3. the MILP, warm-started from the best start, within a node limit (`Effort`): it never
