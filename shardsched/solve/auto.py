@@ -63,6 +63,7 @@ def search_space(problems: list[Problem], effort: Effort, pins: dict) -> dict:
             f"every step up to {FULL_WINDOW_UNITS} units; {ahead_for(largest)} steps at {largest} units",
             "pinned_layers": len(pins),
             "work_limit": {"mip_nodes": effort.node_limit(), "milp_up_to_units": int(effort.milp_units * effort.scale),
+                           "milp_best_grouping_up_to_units": int(effort.lead_units * effort.scale),
                            "threads": 1, "random_seed": 0}}
 
 

@@ -61,8 +61,13 @@ class Effort(NamedTuple):
     def node_limit(self) -> int:
         return max(1, round(self.nodes * self.scale))
 
-    def runs_milp(self, p: Problem) -> bool:
-        return p.n <= self.milp_units * self.scale
+    lead_units: int = 40
+    """The grouping with the best start (visited first) gets its MILP up to this size: on a
+    GPT of 24 layers over 512 A100s at 8 GiB the greedy left 2.6 GiB unused at 0.372 s,
+    the MILP found 0.250 s on the same 26 units."""
+
+    def runs_milp(self, p: Problem, *, lead: bool = False) -> bool:
+        return p.n <= (self.lead_units if lead else self.milp_units) * self.scale
 
 
 def ahead_for(n: int) -> int:
@@ -178,12 +183,12 @@ def _milp(p: Problem, start: Scored | None, *, budget: int, effort: Effort, left
 
 
 def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Effort, incumbent: float,
-                   deadline: float, notes: list) -> Outcome:
+                   deadline: float, notes: list, lead: bool = False) -> Outcome:
     """Steps 2-3 of the module docstring for one grouping."""
     lb = milp.lower_bound(p, budget)
     if start is not None and start.seconds <= lb * (1 + OPTIMAL_TOL):
         return Outcome(start, start.seconds)  # the start meets the bound: optimal, nothing to solve
-    if lb >= incumbent or not effort.runs_milp(p) or (start is None and p.n > FULL_WINDOW_UNITS):
+    if lb >= incumbent or not effort.runs_milp(p, lead=lead) or (start is None and p.n > FULL_WINDOW_UNITS):
         return Outcome(start, lb)  # closed by the bound, or left to the bound (size rule)
     left = deadline - time.perf_counter()
     if left <= 0:
@@ -223,7 +228,7 @@ def search(problems: list[Problem], *, budget: int, base: list[Scored], seeds: t
     for i in order:
         p = problems[i]
         o = solve_grouping(p, starts[key(p)], budget=budget, effort=effort, incumbent=incumbent,
-                           deadline=deadline, notes=notes)
+                           deadline=deadline, notes=notes, lead=i == order[0])
         outcomes[key(p)] = o
         incumbent = min(incumbent, o.best.seconds if o.best else math.inf)
     pool = [o.best for o in outcomes.values() if o.best] + [s for s in (*base, *seeds) if s.peak <= budget]
