@@ -126,8 +126,14 @@ class SolverInfo:
     """"highs", "greedy", "uniform", "brute" or "manual"."""
     status: str = "n/a"
     gap: float | None = 0.0
-    """Relative MIP gap; None when no bound is known (greedy)."""
+    """Relative gap of `step_seconds` over `bound` (auto: over the whole `search_space`);
+    None when no bound is known."""
     seconds: float = 0.0
+    bound: float | None = None
+    """A proven lower bound on the step seconds of every plan in `search_space` (auto)."""
+    search_space: dict = field(default_factory=dict)
+    """What the auto planner searched (groupings, strategies, checkpointing, launch window,
+    work limit); empty for plans it did not make."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,6 +5,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import math
 import os
 import sys
 import tempfile
@@ -51,7 +52,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a("--measure", action="store_true", help="time the model on this machine instead of tracing it on fake tensors "
                                              "(min of repeats, cached by fingerprint)")
     a("--no-fuse", action="store_true", help="one unit per layer (no block-size fusion)")
-    a("--time-limit", type=float, default=10.0, help="seconds for the auto planner (default 10)")
+    a("--time-limit", type=float, default=None,
+      help="safety cut-off in seconds for the auto planner (default none): its work limit, not the clock, decides "
+           "the plan; a run this cuts short says so in its status and may differ between machines")
     a("--json", action="store_true", help="print the plan as JSON instead of tables")
     a("--wide", action="store_true", help="every column and every unit (default: 80 columns, identical units folded)")
     a("--out", default=None, help="also write the plan JSON to this file")
@@ -116,7 +119,8 @@ def run_plan(args: argparse.Namespace) -> int:
     else:
         strategy = args.strategy or ("auto" if budget else "full_shard")
         plan = make_plan(profile, cluster, strategy=strategy, precision=precision, optimizer=args.optimizer,
-                         memory_budget_bytes=budget, fuse=not args.no_fuse, time_limit=args.time_limit)
+                         memory_budget_bytes=budget, fuse=not args.no_fuse,
+                         time_limit=args.time_limit or math.inf)
     # What was set on the model for training (e.g. HF use_cache=False), said in the plan.
     plan = dataclasses.replace(plan, notes=plan.notes + tuple(profile.extra.get("notes", ())))
     if seq is None and spec.seq_note:

@@ -1,15 +1,14 @@
-"""`--strategy auto`: per-unit strategies, grouping and AllGather launch points.
+"""`--strategy auto`: per-unit strategies, grouping, checkpointing and AllGather launch points.
 
 Pipeline (all judged by the simulator, `sim.simulate`, the ground truth):
-  1. baselines: every uniform strategy as `make_plan` plans it (`solve.baselines`);
-  2. grouping candidates (`solve.candidates`), each scheduled greedily
-     (`solve.greedy`, DeepCompile-style): always feasible when anything is;
-  3. the MILP (`solve.milp`, HiGHS) on the most promising groupings, warm-started
-     from the best schedule of that grouping: cold, big-M deadlines give weak LP
-     bounds and HiGHS did worse than greedy in 60 s on 2,000-8,000 binaries;
-     warm-started it proved optimality in 0.3-2.2 s;
-  4. the fastest fitting schedule of all, re-simulated; a MILP schedule the
-     simulator says exceeds the budget is a bug and is dropped (and noted).
+  1. baselines: every uniform configuration as `make_plan` plans it (`solve.baselines`);
+  2. the whole-space search (`solve.search`): every candidate grouping (`solve.candidates`)
+     scheduled greedily (`solve.greedy`, DeepCompile-style: always feasible when anything
+     is), bounded, and the promising ones given to the MILP (`solve.milp`, HiGHS) warm-started
+     from their best schedule, within a deterministic node limit: cold, big-M deadlines give
+     weak LP bounds; warm-started HiGHS proves most small groupings optimal at once;
+  3. the fastest fitting schedule of all, re-simulated, with the least bound over the
+     whole space: "optimal" only when the plan meets it (docs/design.md, "Plans you can trust").
 """
 from __future__ import annotations
 
@@ -19,112 +18,82 @@ import time
 from shardsched._fmt import fmt_bytes
 from shardsched.cost.device import Cluster
 from shardsched.errors import UsageError
-from shardsched.solve import milp
-from shardsched.solve.baselines import Scored, score, uniform_baselines
+from shardsched.solve.baselines import Scored, uniform_baselines
 from shardsched.solve.candidates import Problem, candidate_problems, finest_problem
-from shardsched.solve.greedy import greedy, least_memory
+from shardsched.solve.greedy import least_memory
+from shardsched.solve.search import FULL_WINDOW_UNITS, Effort, Search, ahead_for, search, with_baseline_groupings
 from shardsched.plan.spec import StrategySpec
 from shardsched.core.types import Optimizer, Plan, Precision, SolverInfo, Strategy
 from shardsched.profile.types import Profile
 from shardsched.sim.memory import step_memory
 
 GiB = 1 << 30
-FULL_WINDOW_UNITS = 40
-"""Up to this many units every launch point is allowed (exact); above, the
-window is capped so the MILP keeps ~2,000 launch binaries (`milp.windows`)."""
-MILP_SHARE = 0.6
-"""Fraction of the time limit the MILPs may use (the rest: candidates, greedy, plan)."""
 
 
 class InfeasibleBudget(UsageError):
     """No plan fits the memory budget; the message gives the smallest that would."""
 
 
-def ahead_for(n: int) -> int:
-    return n if n <= FULL_WINDOW_UNITS else max(2, 1000 // n)
-
-
-def _partitioned(p: Problem) -> bool:
-    names = {layer.name for layer in p.profile.layers}
-    return any(name not in names for c in p.costs for name in c.layers)
-
-
-def _greedy_pool(problems: list[Problem], *, budget: int, deadline: float) -> list[Scored]:
-    """Greedy schedule of every candidate; partitioned ones only for small models or
-    when nothing else fits (partitioning buys memory, never speed, and big
-    partitioned problems cost seconds of greedy replays)."""
-    pool = []
-    for p in sorted(problems, key=_partitioned):
-        if _partitioned(p) and (pool and p.n > 2 * FULL_WINDOW_UNITS or time.perf_counter() > deadline):
-            continue
-        ch = greedy(p, budget=budget, ahead=ahead_for(p.n))
-        if ch is not None:
-            pool.append(score("greedy", p, ch))
-    return pool
-
-
-def _key(p: Problem) -> tuple:
-    return tuple(c.layers for c in p.costs)
-
-
-def _milp_pool(pool: list[Scored], *, budget: int, deadline: float, notes: list) -> tuple[list[Scored], dict]:
-    """MILP on each grouping with a fitting start, best start first, while time lasts."""
-    best: dict[tuple, Scored] = {}
-    for s in pool:
-        if s.peak <= budget and (_key(s.problem) not in best or s.seconds < best[_key(s.problem)].seconds):
-            best[_key(s.problem)] = s
-    starts = sorted(best.values(), key=lambda s: s.seconds)
-    out, info = [], {}
-    for k, start in enumerate(starts):
-        left = deadline - time.perf_counter()
-        if left < 0.05:
-            break
-        p = start.problem
-        r = milp.solve(p, budget=budget, ahead=ahead_for(p.n), start=start.choice,
-                       start_seconds=start.seconds, time_limit=left / (1 if p.n > FULL_WINDOW_UNITS else
-                                                                       max(1, len(starts) - k)))
-        if r.choice is None:
-            continue
-        s = score("highs", p, r.choice)
-        if s.peak > budget:  # a bug in the MILP's memory rows: never trust it over the simulator
-            notes.append(f"MILP schedule rejected: simulated peak {s.peak} > budget {budget}")
-            continue
-        out.append(s)
-        info[id(s)] = r
-    return out, info
-
-
-def auto_plan(profile: Profile, cluster: Cluster, *, spec: StrategySpec, precision: Precision,
-              optimizer: Optimizer, memory_budget_bytes: int | None, time_limit: float = 10.0) -> Plan:
-    """The fastest plan that fits `memory_budget_bytes` (default: device memory)."""
-    from shardsched.solve.build import plan_from_scenario  # build imports us on demand
-
-    t0 = time.perf_counter()
-    budget = memory_budget_bytes if memory_budget_bytes is not None else cluster.device.memory_bytes
+def auto_search(profile: Profile, cluster: Cluster, *, spec: StrategySpec, precision: Precision,
+                optimizer: Optimizer, budget: int, effort: Effort = Effort(), time_limit: float = math.inf,
+                seeds: tuple[Scored, ...] = ()) -> tuple[Search, list[Scored], list[Problem], dict]:
+    """The search of `auto_plan` (the sweep calls it directly to pass `seeds` along)."""
     pins = {k: v for k, v in spec.for_layers([layer.name for layer in profile.layers]).items() if v is not None}
     kw = dict(pins=pins, precision=precision, optimizer=optimizer)
     base = uniform_baselines(profile, cluster, **kw)
     problems = [p._replace(checkpointable=True) for p in candidate_problems(profile, cluster, **kw)]
-    pool = [s for s in base if s.peak <= budget]
-    pool += _greedy_pool(problems, budget=budget, deadline=t0 + 0.4 * time_limit)
-    if not pool:  # last resort: the smallest units there are (what the message below measures)
-        finest = finest_problem(profile, cluster, **kw)._replace(checkpointable=True)
-        problems.append(finest)
-        pool += _greedy_pool([finest], budget=budget, deadline=math.inf)
-    if not pool:
+    # The smallest units there are (what the message below measures) are always in the
+    # space: partitioning can buy speed too (less sharding fits), and a space that changed
+    # with the budget would break monotonicity.
+    problems.append(finest_problem(profile, cluster, **kw)._replace(checkpointable=True))
+    problems = with_baseline_groupings(problems, base, pins)
+    found = search(problems, budget=budget, base=base, seeds=seeds, effort=effort, time_limit=time_limit)
+    if found is None:
         raise InfeasibleBudget(infeasible_message(profile, cluster, budget=budget, problems=problems, **kw))
-    notes: list[str] = []
-    highs, info = _milp_pool(pool, budget=budget, deadline=t0 + MILP_SHARE * time_limit, notes=notes)
-    # Ties go to the MILP's schedule (it carries a proof), then to the smaller peak.
-    best = min(pool + highs, key=lambda s: (s.seconds, s.name != "highs", s.peak))
-    r = info.get(id(best))
-    # `MilpResult.gap` is None when HiGHS has no bound ("unknown"), as greedy's is.
-    solver = SolverInfo(name="highs" if r else "greedy", status=r.status if r else "feasible",
-                        gap=r.gap if r else None, seconds=time.perf_counter() - t0)
-    notes = explain(best, baselines=base, budget=budget, candidates=len(problems), pins=pins) + notes
-    sc = best.problem.scenario(best.choice)
-    return plan_from_scenario(sc, profile=profile, memory_budget_bytes=memory_budget_bytes, solver=solver,
-                              precision=precision, optimizer=optimizer, notes=tuple(notes))
+    return found, base, problems, pins
+
+
+def search_space(problems: list[Problem], effort: Effort, pins: dict) -> dict:
+    """What `solver.search_space` records: enough to say what "optimal" was over."""
+    largest = max(p.n for p in problems)
+    return {"groupings": len(problems), "units": sorted({p.n for p in problems}),
+            "strategies": sorted({k.label for p in problems for a in p.allowed for k in a}),
+            "checkpointing": "per unit, never the root",
+            "launch_window": "every step" if largest <= FULL_WINDOW_UNITS else
+            f"every step up to {FULL_WINDOW_UNITS} units; {ahead_for(largest)} steps at {largest} units",
+            "pinned_layers": len(pins),
+            "work_limit": {"mip_nodes": effort.node_limit(), "milp_up_to_units": int(effort.milp_units * effort.scale),
+                           "milp_best_grouping_up_to_units": int(effort.lead_units * effort.scale),
+                           "threads": 1, "random_seed": 0}}
+
+
+def auto_plan(profile: Profile, cluster: Cluster, *, spec: StrategySpec, precision: Precision,
+              optimizer: Optimizer, memory_budget_bytes: int | None, time_limit: float = math.inf,
+              effort: Effort = Effort(), seeds: tuple[Scored, ...] = ()) -> Plan:
+    """The fastest plan that fits `memory_budget_bytes` (default: device memory).
+    `time_limit` (seconds) is a safety cut-off only (`solve.search`, [Note: determinism])."""
+    t0 = time.perf_counter()
+    budget = memory_budget_bytes if memory_budget_bytes is not None else cluster.device.memory_bytes
+    found, base, problems, pins = auto_search(profile, cluster, spec=spec, precision=precision, optimizer=optimizer,
+                                              budget=budget, effort=effort, time_limit=time_limit, seeds=seeds)
+    return plan_of(found, profile, base=base, problems=problems, pins=pins, effort=effort,
+                   memory_budget_bytes=memory_budget_bytes, precision=precision, optimizer=optimizer, t0=t0)
+
+
+def plan_of(found: Search, profile: Profile, *, base: list[Scored], problems: list[Problem], pins: dict,
+            effort: Effort, memory_budget_bytes: int | None, precision: Precision, optimizer: Optimizer,
+            t0: float) -> Plan:
+    from shardsched.solve.build import plan_from_scenario  # build imports us on demand
+
+    best = found.best
+    budget = memory_budget_bytes if memory_budget_bytes is not None else best.problem.cluster.device.memory_bytes
+    solver = SolverInfo(name="highs" if best.name == "highs" else "greedy", status=found.status(),
+                        gap=found.gap, bound=found.bound, seconds=time.perf_counter() - t0,
+                        search_space=search_space(problems, effort, pins))
+    notes = explain(best, baselines=base, budget=budget, candidates=len(problems), pins=pins) + list(found.notes)
+    return plan_from_scenario(best.problem.scenario(best.choice), profile=profile,
+                              memory_budget_bytes=memory_budget_bytes, solver=solver, precision=precision,
+                              optimizer=optimizer, notes=tuple(notes))
 
 
 def least_memory_peak(profile: Profile, cluster: Cluster, *, precision: Precision, optimizer: Optimizer) -> int:

@@ -6,6 +6,7 @@ FSDP2's default one-ahead prefetch). "auto" is delegated to the MILP planner
 """
 from __future__ import annotations
 
+import math
 import time
 
 from shardsched.cost.device import Cluster
@@ -22,8 +23,9 @@ from shardsched.solve.candidates import block_params
 def make_plan(profile: Profile, cluster: Cluster, *, strategy: str = "full_shard",
               precision: str | Precision = Precision.FP32, optimizer: str | Optimizer = Optimizer.ADAM,
               memory_budget_bytes: int | None = None, fuse: bool = True,
-              prefetch_ahead: int = 1, time_limit: float = 10.0) -> Plan:
-    """The plan for `strategy` (see `plan.spec`); "auto" needs a memory budget."""
+              prefetch_ahead: int = 1, time_limit: float = math.inf) -> Plan:
+    """The plan for `strategy` (see `plan.spec`); "auto" needs a memory budget.
+    `time_limit` only cuts the auto planner short (its answer never depends on it otherwise)."""
     precision, optimizer = Precision(precision), Optimizer(optimizer)
     spec = parse_strategy_spec(strategy)
     if spec.auto:

@@ -26,8 +26,10 @@ from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad
 from shardsched.solve.milp import FS, FSN, HS, HSGO, REP, SGO, costs_of
 from shardsched.sim.timeline import replay
 
-PER_AG_HOIST_UNITS = 40
-"""Above this many units, hoist all AllGathers together (see module docstring)."""
+PER_AG_HOIST_UNITS = 20
+"""Above this many units, hoist all AllGathers together (see module docstring). 20, the
+MILP's size at scale 1 (`search.Effort`): on Llama-7B's 33-34 units per-AllGather hoisting
+took 4-5x longer (3-17 s of a 10 s target) for the same plans (worlds 64 and 256)."""
 MIN_FIRST = (FS, FSN, HS, SGO, HSGO, REP)
 """Least persistent-plus-held memory first (upgrades only move right)."""
 
@@ -175,12 +177,17 @@ def upgrade(ev: Evaluator, ch: Choice, *, budget: int) -> Choice:
     for _, i, a, b in _moves(ev, ch):
         if a is not None and ch.strategies[i] is not a:
             continue
-        cand = _with(ch, i, b)
-        if ev.peak(cand) <= budget:
-            tc = ev.seconds(cand)
-            if tc <= t:
-                ch, t = cand, tc
+        ch, t = _kept(ev, ch, t, _with(ch, i, b), budget)
     return ch
+
+
+def _kept(ev: Evaluator, ch: Choice, t: float, cand: Choice, budget: int) -> tuple[Choice, float]:
+    """`cand` and its seconds when it fits and is not slower; else `ch`, `t`."""
+    if ev.peak(cand) <= budget:
+        tc = ev.seconds(cand)
+        if tc <= t:
+            return cand, tc
+    return ch, t
 
 
 def _hoisted(ch: Choice, *, fwd: dict | None = None, bwd: dict | None = None) -> Choice:
@@ -249,8 +256,21 @@ def greedy(p: Problem, *, budget: int, ahead: int | None = None) -> Choice | Non
     return min((_climb(ev, ch, budget=budget, ahead=ahead) for ch in starts), key=ev.seconds)
 
 
+def recompute_less(ev: Evaluator, ch: Choice, *, budget: int) -> Choice:
+    """Switch checkpointing off where it still fits, most recompute seconds per byte first.
+    `upgrade` ranks these moves among the strategy moves and tries each once, so memory
+    freed later (or never wanted by a strategy move) was left unused: Llama-2-70B at 40 GiB
+    kept every unit checkpointed at a 25 GiB peak."""
+    c, t = ev.c, ev.seconds(ch)
+    order = sorted((i for i in range(ev.p.n) if ch.ckpt and ch.ckpt[i]),
+                   key=lambda i: (-c.fwd[i] / max(c.act[i] - c.inp[i], 1), i))
+    for i in order:
+        ch, t = _kept(ev, ch, t, _with(ch, i, None), budget)
+    return ch
+
+
 def _climb(ev: Evaluator, ch: Choice, *, budget: int, ahead: int) -> Choice:
-    ch = upgrade(ev, ch, budget=budget)
+    ch = recompute_less(ev, upgrade(ev, ch, budget=budget), budget=budget)
     if ev.p.n > PER_AG_HOIST_UNITS:
         return hoist_uniform(ev, ch, budget=budget, ahead=ahead)
     return hoist_each(ev, ch, budget=budget, ahead=ahead)

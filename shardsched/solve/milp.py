@@ -78,6 +78,9 @@ class MilpResult(NamedTuple):
     gap: float | None
     """Relative gap; None when HiGHS knows no bound (never "optimal" with an infinite gap)."""
     seconds: float
+    bound: float = 0.0
+    """A proven lower bound on the step seconds of any schedule of this grouping that fits
+    (+inf: none fits; 0: nothing proven)."""
 
 
 class _Model:
@@ -581,18 +584,40 @@ class _Build:
         return Choice(strat, fwd, bwd, ckpt if any(ckpt) else ())
 
 
+NODES = 400
+"""Branch-and-bound nodes per grouping (`mip_max_nodes`): the deterministic work limit."""
+
+
+def _new_highs() -> highspy.Highs:
+    """The one place a HiGHS object is made: quiet, one thread, a fixed seed, so the same
+    model gives the same answer on any machine (no wall-clock limit decides anything).
+    highspy >= 1.16 prints its banner on stdout (C stdio, descriptor 1) when the first
+    `Highs` of a process is made, before any option can be set: that construction runs
+    with descriptor 1 muted (`_stdout` [Note: why file descriptors])."""
+    with native_quiet():
+        h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("threads", 1)
+    h.setOptionValue("random_seed", 0)
+    return h
+
+
 def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | None = None,
-          start_seconds: float | None = None, time_limit: float = 10.0, gap: float = 1e-9) -> MilpResult:
-    """Optimal schedule of one grouping under `budget` bytes (HiGHS, warm-started)."""
+          start_seconds: float | None = None, nodes: int = NODES, time_limit: float = math.inf,
+          gap: float = 1e-9) -> MilpResult:
+    """Optimal schedule of one grouping under `budget` bytes (HiGHS, warm-started), within
+    `nodes` branch-and-bound nodes. `time_limit` is a safety cut-off only: a run it stops
+    reports status "time limit reached", and its answer may depend on the machine."""
     t0 = time.perf_counter()
     b = _Build(p, budget=budget, ahead=p.n if ahead is None else ahead,
                t_ub=start_seconds if start is not None else None)
     h = _new_highs()
-    h.setOptionValue("time_limit", max(0.05, time_limit - (time.perf_counter() - t0)))
+    h.setOptionValue("mip_max_nodes", int(nodes))
+    if math.isfinite(time_limit):
+        h.setOptionValue("time_limit", max(0.05, time_limit - (time.perf_counter() - t0)))
     h.setOptionValue("mip_rel_gap", gap)
     h.setOptionValue("mip_feasibility_tolerance", 1e-9)
     h.setOptionValue("primal_feasibility_tolerance", 1e-9)
-    h.setOptionValue("threads", 1)
     h.passModel(b.m.lp())
     if start is not None:
         sol = highspy.HighsSolution()
@@ -602,21 +627,57 @@ def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | 
     h.run()
     status = h.modelStatusToString(h.getModelStatus()).lower()
     info = h.getInfo()
+    bound = _bound(info, status) * b.tscale
     if info.primal_solution_status == 0:  # no feasible point
-        return MilpResult(None, math.inf, status, None, time.perf_counter() - t0)  # no point, no bound
+        return MilpResult(None, math.inf, status, None, time.perf_counter() - t0, bound)
     x = np.array(h.getSolution().col_value)
     return MilpResult(b.choice(x), info.objective_function_value * b.tscale, status,
-                      _gap(status, float(info.mip_gap)), time.perf_counter() - t0)
+                      _gap(status, float(info.mip_gap)), time.perf_counter() - t0, bound)
 
 
-def _new_highs() -> highspy.Highs:
-    """A silent HiGHS. highspy >= 1.16 prints its banner on stdout (C stdio, descriptor 1)
-    when the first `Highs` of a process is made, before any option can be set: that
-    construction runs with descriptor 1 muted (`_stdout` [Note: why file descriptors])."""
-    with native_quiet():
-        h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    return h
+def lower_bound(p: Problem, budget: float = math.inf) -> float:
+    """A bound no fitting schedule of this grouping beats, whatever its strategies,
+    checkpointing or launches: the compute stream with the least recomputation that lets
+    the activations fit (`_least_recompute`), or the serial channel alone (both rows of
+    the MILP, `_times`), then the optimizer step at its cheapest. Seconds, O(n log n)."""
+    c = costs_of(p)
+    comm = sum(min(c.agf[i][k] + c.agb[i][k] + c.red[i][k] for k in p.allowed[i]) for i in range(p.n))
+    opt = sum(min(c.shard[i][k] for k in p.allowed[i]) for i in range(p.n)) * c.opt_per_param
+    return max(sum(c.fwd) + sum(c.bwd) + _least_recompute(p, c, budget), comm) + opt
+
+
+def _least_recompute(p: Problem, c: Costs, budget: float) -> float:
+    """Fractional knapsack: when the last unit's forward runs, the persistent states (at
+    their most sharded), every unit's retained activations and the input are live (the
+    MILP's forward row of unit n-1, all other terms >= 0). Activations beyond what fits
+    must be dropped by checkpointing; the cheapest seconds per byte first, fractions
+    allowed, is a lower bound on the recomputation any fitting schedule pays
+    (+inf: not even checkpointing everything fits)."""
+    sb = c.state
+    states = sum(min(c.shard[i][k] for k in p.allowed[i]) for i in range(p.n)) * (sb.param + sb.optimizer)
+    excess = states + sum(c.act) + c.input_bytes - (budget + 4096)  # 4 KiB: the rows match the simulator to 64 B
+    if excess <= 0:
+        return 0.0
+    saves = sorted((c.fwd[i] / (c.act[i] - c.inp[i]), c.act[i] - c.inp[i]) for i in range(p.n)
+                   if p.can_checkpoint(i) and c.act[i] > c.inp[i])
+    seconds = 0.0
+    for per_byte, size in saves:
+        take = min(size, excess)
+        seconds, excess = seconds + take * per_byte, excess - take
+        if excess <= 0:
+            return seconds
+    return math.inf
+
+
+def _bound(info, status: str) -> float:
+    """A proven lower bound on the grouping's step time (scaled): HiGHS's dual bound;
+    +inf when the grouping is proven infeasible; 0 (no bound) when HiGHS has none."""
+    if status == "infeasible":
+        return math.inf
+    if status == "optimal" and info.primal_solution_status:
+        return info.objective_function_value
+    d = float(info.mip_dual_bound)
+    return d if math.isfinite(d) else 0.0
 
 
 def _gap(status: str, mip_gap: float) -> float | None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -35,7 +36,8 @@ def add_tradeoff_arguments(p: argparse.ArgumentParser) -> None:
     a("--optimizer", choices=["adam", "sgd"], default="adam")
     a("--budgets", default=None, help="LO:HI:N, e.g. 16GiB:80GiB:12 (default: N=12 from the least-memory plan "
                                       "to where every uniform configuration fits)")
-    a("--time-limit", type=float, default=4.0, help="seconds for each auto plan (default 4)")
+    a("--time-limit", type=float, default=None,
+      help="safety cut-off in seconds for each auto plan (default none; see `plan --time-limit`)")
     a("--csv", default=None, help="write one row per budget: composition and every configuration's step time")
     a("--png", default=None, help="write the figure: step time vs budget, one line per configuration")
     a("--measure", action="store_true", help="profile a preset by running it on this machine")
@@ -62,7 +64,7 @@ def run_tradeoff(args: argparse.Namespace) -> int:
                           precision=precision, measure=args.measure, layers=args.layers)
     kw = dict(precision=precision, optimizer=_opt(args.optimizer))
     budgets = budgets or auto_budgets(profile, cluster, n=DEFAULT_POINTS, **kw)
-    points = sweep(profile, cluster, budgets, time_limit=args.time_limit, **kw)
+    points = sweep(profile, cluster, budgets, time_limit=args.time_limit or math.inf, **kw)
     if args.csv:
         write_atomic(args.csv, csv_text(points, cluster))
     if args.png:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import csv
 import io
+import math
+import time
 from typing import NamedTuple
 
 from shardsched.cost.bytes import BYTES_FORMS, parse_bytes
@@ -19,7 +21,8 @@ from shardsched.cost.strategy import strategies_for
 from shardsched.core.types import Optimizer, Plan, Precision
 from shardsched.errors import UsageError
 from shardsched.profile.types import Profile
-from shardsched.solve.auto import InfeasibleBudget, auto_plan, least_memory_peak
+from shardsched.solve.auto import InfeasibleBudget, auto_search, least_memory_peak, plan_of
+from shardsched.solve.search import Effort
 from shardsched.solve.baselines import Scored, uniform_baselines
 from shardsched.plan.spec import parse_strategy_spec
 
@@ -68,18 +71,26 @@ def auto_budgets(profile: Profile, cluster: Cluster, *, precision: Precision, op
 
 
 def sweep(profile: Profile, cluster: Cluster, budgets: list[int], *, precision: Precision,
-          optimizer: Optimizer, time_limit: float) -> list[Point]:
+          optimizer: Optimizer, time_limit: float = math.inf, effort: Effort = Effort()) -> list[Point]:
+    """Auto plans for `budgets` (in the order given), solved in ascending budget order, each
+    search seeded with every schedule the smaller budgets found (they fit the larger one:
+    `solve.search`, [Note: monotone]), so the step time never rises with the budget."""
     uniform = {s.name: s for s in uniform_baselines(profile, cluster, pins={}, precision=precision,
                                                     optimizer=optimizer)}
-    spec, out = parse_strategy_spec("auto"), []
-    for b in budgets:
+    spec, plans, seeds = parse_strategy_spec("auto"), {}, ()
+    for b in sorted(set(budgets)):
+        t0 = time.perf_counter()
         try:
-            plan = auto_plan(profile, cluster, spec=spec, precision=precision, optimizer=optimizer,
-                             memory_budget_bytes=b, time_limit=time_limit)
+            found, base, problems, pins = auto_search(profile, cluster, spec=spec, precision=precision,
+                                                      optimizer=optimizer, budget=b, effort=effort,
+                                                      time_limit=time_limit, seeds=seeds)
         except InfeasibleBudget:
-            plan = None
-        out.append(Point(b, plan, uniform))
-    return out
+            plans[b] = None
+            continue
+        seeds = tuple(o.best for o in found.outcomes.values() if o.best) + (found.best,)
+        plans[b] = plan_of(found, profile, base=base, problems=problems, pins=pins, effort=effort,
+                           memory_budget_bytes=b, precision=precision, optimizer=optimizer, t0=t0)
+    return [Point(b, plans[b], uniform) for b in budgets]
 
 
 def composition(plan: Plan | None, cluster: Cluster) -> dict[str, int]:

@@ -1,0 +1,243 @@
+"""The whole-space search behind `--strategy auto`: deterministic, bounded, monotone.
+
+The declared search space (recorded in the plan as `solver.search_space`): the candidate
+groupings (`solve.candidates`, plus the groupings of the uniform baselines), and for each
+of them every strategy the cluster offers (less pins), checkpointing per unit, and every
+AllGather launch point within `milp.windows` of its use. Per grouping, in a fixed order:
+  1. starts: its greedy schedule, the least-memory schedule with one-ahead prefetch, a
+     fitting uniform baseline of that grouping, and any `seeds` (schedules found at a
+     smaller budget: they fit this one too); the best, with checkpointing switched off
+     wherever it still fits (`_polished`);
+  2. a lower bound no schedule of it beats (`milp.lower_bound`, O(n log n)); a grouping whose
+     bound is not below the incumbent is closed without a MILP;
+  3. the MILP, warm-started from the best start, within a node limit (`Effort`): it never
+     returns worse than its start, and HiGHS's dual bound raises the grouping's bound.
+The plan's bound is the least bound over every grouping; "optimal" means the plan meets it.
+
+[Note: determinism] Nothing here reads the clock to decide: the groupings, their order,
+which get a MILP (size rule) and HiGHS's work (node limit, one thread, fixed seed) depend
+on the inputs only. `time_limit` is a safety cut-off: when it strikes, the status and a
+note say so, and that answer (only that one) may depend on the machine.
+
+[Note: monotone] A schedule that fits budget b fits b' > b. Passing the schedules found at
+b as `seeds` at b' (the `tradeoff` sweep does, budgets ascending) makes every grouping's
+start at b' at least as good as its result at b, and the MILP never returns worse than its
+start: step time is non-increasing along the sweep. Separate runs are monotone wherever
+both are "optimal" (the optimum over a fixed space cannot rise with the budget).
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import NamedTuple
+
+from shardsched.solve import milp
+from shardsched.solve.baselines import Scored, score
+from shardsched.solve.candidates import Choice, Problem, _allowed
+from shardsched.solve.greedy import Evaluator, greedy, least_memory, recompute_less
+from shardsched.sim.scenario import default_launch
+from shardsched.plan.units import ROOT, root_strategy
+
+FULL_WINDOW_UNITS = 40
+"""Up to this many units every launch point is allowed (exact); above, the
+window is capped so the MILP keeps ~2,000 launch binaries (`milp.windows`)."""
+OPTIMAL_TOL = 1e-6
+"""Relative distance from the bound at which a plan is called optimal (HiGHS closes
+its gap to 1e-9; the simulator re-prices the schedule in floating point)."""
+
+
+class Effort(NamedTuple):
+    """The deterministic work limit. 10x effort = 10x the nodes and MILPs on groupings
+    of up to 10x the units (the "10x longer search" of bench/bench_plan_speed.py)."""
+
+    scale: float = 1.0
+    nodes: int = 100
+    """Branch-and-bound nodes per grouping at scale 1."""
+    milp_units: int = 20
+    """Groupings of more units get no MILP at scale 1: HiGHS's root node alone (whatever the
+    node limit) takes 5-20 s on Llama-7B's 34 units and 30-50 s on GPT-3's 97 (2-core machine
+    shared with other work); there the MILP improved the greedy starts by 0.4-0.7%."""
+
+    def node_limit(self) -> int:
+        return max(1, round(self.nodes * self.scale))
+
+    lead_units: int = 40
+    """The grouping with the best start (visited first) gets its MILP up to this size: on a
+    GPT of 24 layers over 512 A100s at 8 GiB the greedy left 2.6 GiB unused at 0.372 s,
+    the MILP found 0.250 s on the same 26 units."""
+
+    def runs_milp(self, p: Problem, *, lead: bool = False) -> bool:
+        return p.n <= (self.lead_units if lead else self.milp_units) * self.scale
+
+
+def ahead_for(n: int) -> int:
+    return n if n <= FULL_WINDOW_UNITS else max(2, 1000 // n)
+
+
+class Outcome(NamedTuple):
+    """One grouping's result: its best fitting schedule (None: none found) and a lower
+    bound on every fitting schedule of it (+inf: proven none fits)."""
+
+    best: Scored | None
+    bound: float
+    milp: milp.MilpResult | None = None
+
+
+class Search(NamedTuple):
+    best: Scored
+    bound: float
+    outcomes: dict
+    """Grouping key -> Outcome."""
+    notes: tuple[str, ...]
+    cut: bool
+    """Whether `time_limit` cut the search short."""
+
+    @property
+    def gap(self) -> float:
+        return max(0.0, (self.best.seconds - self.bound) / self.best.seconds) if self.best.seconds > 0 else 0.0
+
+    @property
+    def optimal(self) -> bool:
+        return not self.cut and self.gap <= OPTIMAL_TOL
+
+    def status(self) -> str:
+        """"optimal" only with a proof over the whole space; otherwise the bound and gap."""
+        if self.optimal:
+            return "optimal"
+        why = "time limit reached" if self.cut else "work limit reached"
+        return f"{why}: bound {self.bound:.6g} s, gap {self.gap:.3%} over the whole search space"
+
+
+def key(p: Problem) -> tuple:
+    return tuple(c.layers for c in p.costs)
+
+
+def with_baseline_groupings(problems: list[Problem], base: list[Scored], pins: dict) -> list[Problem]:
+    """The uniform baselines' groupings join the space (every strategy, checkpointing), so
+    the bound covers every plan the planner may return."""
+    out, seen = [], set()
+    for p in problems:  # distinct groupings, first kept
+        if key(p) not in seen:
+            seen.add(key(p))
+            out.append(p)
+    for s in base:
+        if key(s.problem) in seen:
+            continue
+        seen.add(key(s.problem))
+        allowed = []
+        for c in s.problem.costs:
+            a = _allowed([pins.get(name) for name in c.layers], s.problem.cluster)
+            allowed.append(tuple(dict.fromkeys(map(root_strategy, a))) if c.layers == (ROOT,) else a)
+        out.append(s.problem._replace(allowed=tuple(allowed), checkpointable=True))
+    return out
+
+
+def _start(p: Problem, *, budget: int, extra: list[Scored], greedy_ok: bool) -> Scored | None:
+    """The fastest fitting schedule known for this grouping before its MILP."""
+    pool = [s for s in extra if s.peak <= budget]
+    if greedy_ok:
+        ch = greedy(p, budget=budget, ahead=ahead_for(p.n))
+        if ch is not None:
+            pool.append(score("greedy", p, ch))
+        least = score("greedy", p, prefetched_least(p))
+        if least.peak <= budget:
+            pool.append(_polished(p, least, budget=budget))
+    pool = [s for s in pool if s.peak <= budget]
+    best = min(pool, key=lambda s: (s.seconds, s.peak), default=None)
+    return _polished(p, best, budget=budget) if best is not None and any(best.choice.ckpt) else best
+
+
+def prefetched_least(p: Problem) -> Choice:
+    """The least-memory strategies and checkpointing with FSDP2's one-ahead prefetch: where
+    the greedy's upgrades take the memory its hoisting needed (big groupings: uniform
+    hoisting), this start then spends what is left on recomputing less (`_polished`)."""
+    ch = least_memory(p)
+    fwd, bwd = default_launch(ch.strategies, ahead=1)
+    return ch._replace(fwd=fwd, bwd=bwd)
+
+
+def _polished(p: Problem, s: Scored, *, budget: int) -> Scored:
+    """The start with checkpointing switched off where it still fits (`greedy.recompute_less`):
+    a uniform `+ckpt` baseline often beats the greedy schedule (its prefetch fits where the
+    greedy spent memory on strategies first) yet checkpoints more than the budget needs
+    (Llama-2-70B, 512 A100s, 40 GiB: every unit, at a 25 GiB peak)."""
+    ev = Evaluator(p)
+    ch = recompute_less(ev, s.choice, budget=budget)
+    if ch == s.choice:
+        return s
+    better = score(s.name, p, ch)
+    return better if better.peak <= budget and better.seconds <= s.seconds else s
+
+
+def _milp(p: Problem, start: Scored | None, *, budget: int, effort: Effort, left: float,
+          notes: list) -> tuple[Scored | None, milp.MilpResult]:
+    r = milp.solve(p, budget=budget, ahead=ahead_for(p.n), start=start.choice if start else None,
+                   start_seconds=start.seconds if start else None, nodes=effort.node_limit(), time_limit=left)
+    if r.choice is None:
+        return None, r
+    s = score("highs", p, r.choice)
+    if s.peak > budget:  # a bug in the MILP's memory rows: never trust it over the simulator
+        notes.append(f"MILP schedule rejected: simulated peak {s.peak} > budget {budget}")
+        return None, r
+    return s, r
+
+
+def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Effort, incumbent: float,
+                   deadline: float, notes: list, lead: bool = False) -> Outcome:
+    """Steps 2-3 of the module docstring for one grouping."""
+    lb = milp.lower_bound(p, budget)
+    if start is not None and start.seconds <= lb * (1 + OPTIMAL_TOL):
+        return Outcome(start, start.seconds)  # the start meets the bound: optimal, nothing to solve
+    if lb >= incumbent or not effort.runs_milp(p, lead=lead) or (start is None and p.n > FULL_WINDOW_UNITS):
+        return Outcome(start, lb)  # closed by the bound, or left to the bound (size rule)
+    left = deadline - time.perf_counter()
+    if left <= 0:
+        return Outcome(start, lb)
+    found, r = _milp(p, start, budget=budget, effort=effort, left=left, notes=notes)
+    best = min((s for s in (start, found) if s is not None), key=lambda s: (s.seconds, s.name != "highs"),
+               default=None)
+    bound = max(lb, r.bound)
+    return Outcome(best, min(bound, best.seconds) if best else bound, r)
+
+
+def _partitioned(p: Problem) -> bool:
+    names = {layer.name for layer in p.profile.layers}
+    return any(name not in names for c in p.costs for name in c.layers)
+
+
+def search(problems: list[Problem], *, budget: int, base: list[Scored], seeds: tuple[Scored, ...] = (),
+           effort: Effort = Effort(), time_limit: float = math.inf) -> Search | None:
+    """The fastest fitting schedule over `problems` and its whole-space bound; None when
+    nothing fits. Groupings are visited best start first (ties: their order in `problems`).
+
+    Partitioned groupings (layers split into children) buy memory, not speed: for models
+    of more than 2 * FULL_WINDOW_UNITS units they get no greedy schedule (seconds of
+    replays each) unless nothing else fits; they stay in the space, bounded by
+    `milp.lower_bound`."""
+    deadline, notes = time.perf_counter() + time_limit, []
+    extra: dict[tuple, list[Scored]] = {}
+    for s in (*base, *seeds):
+        extra.setdefault(key(s.problem), []).append(s)
+    starts = {}
+    for p in sorted(problems, key=_partitioned):  # unpartitioned first: they decide "something fits"
+        skip = _partitioned(p) and p.n > 2 * FULL_WINDOW_UNITS and any(starts.values())
+        starts[key(p)] = _start(p, budget=budget, extra=extra.get(key(p), []), greedy_ok=not skip)
+    order = sorted(range(len(problems)), key=lambda i: (starts[key(problems[i])] is None,
+                                                        getattr(starts[key(problems[i])], "seconds", 0.0), i))
+    outcomes, incumbent = {}, min((s.seconds for s in starts.values() if s), default=math.inf)
+    for i in order:
+        p = problems[i]
+        o = solve_grouping(p, starts[key(p)], budget=budget, effort=effort, incumbent=incumbent,
+                           deadline=deadline, notes=notes, lead=i == order[0])
+        outcomes[key(p)] = o
+        incumbent = min(incumbent, o.best.seconds if o.best else math.inf)
+    pool = [o.best for o in outcomes.values() if o.best] + [s for s in (*base, *seeds) if s.peak <= budget]
+    if not pool:
+        return None
+    # Ties go to the MILP's schedule, then to the smaller peak.
+    best = min(pool, key=lambda s: (s.seconds, s.name != "highs", s.peak))
+    bound = min(min(o.bound for o in outcomes.values()), best.seconds)
+    cut = time.perf_counter() > deadline or any(o.milp and "time" in o.milp.status for o in outcomes.values())
+    if cut:
+        notes.append("stopped by the time limit: this answer may depend on the machine's speed and load")
+    return Search(best, bound, outcomes, tuple(notes), cut)
