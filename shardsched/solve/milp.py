@@ -154,7 +154,7 @@ class Costs(NamedTuple):
     unsh_by: list[dict]
     """Unsharded parameter bytes per strategy (dim 0 padded to its shard count)."""
     rs_by: list[dict]
-    """Reduction input bytes per strategy."""
+    """Reduction input bytes per strategy: the largest module's (`UnitCost.module_reduce_numel`)."""
     root_grad: int
     """Unsharded gradients of the root unit, live through backward (`sim.memory.root_grad_bytes`)."""
     act: list[int]
@@ -195,13 +195,15 @@ def costs_of(p: Problem) -> Costs:
     # FSDP2 pads dim 0 to the strategy's shard count (`UnitCost.padded_numel`,
     # `cost.strategy.shard_count`): every size that depends on the strategy is per strategy.
     unsh_by = [{k: c.padded_numel(shard_count(k, cl)) * sb.unsharded_param for k in ks} for c in p.costs]
+    # The reduction moves the whole unit (time); its largest buffer is one module's (memory).
+    msg_by = [{k: c.padded_numel(shard_count(k, cl)) * sb.reduce for k in ks} for c in p.costs]
     rs_by = [{k: c.module_reduce_numel(shard_count(k, cl), last=False) * sb.reduce for k in ks} for c in p.costs]
     rs_kept_by = [{k: c.module_reduce_numel(shard_count(k, cl), last=True) * sb.reduce for k in ks} for c in p.costs]
     plain, ckpt = sc, dataclasses.replace(sc, checkpoint=(True,) * sc.n)  # for `Scenario.forward_bytes`
     return Costs(agf=[{k: gather_seconds(k, b[k], cl, backward=False) for k in ks} for b in unsh_by],
                  agb=[{k: gather_seconds(k, b[k], cl, backward=True) if k.gathers_for_backward else 0.0 for k in ks}
                       for b in unsh_by],
-                 red=[{k: reduce_seconds(k, r[k], cl) for k in ks} for r in rs_by],
+                 red=[{k: reduce_seconds(k, r[k], cl) for k in ks} for r in msg_by],
                  # from the scenario: it adds the device's per-unit host overhead
                  fwd=[c.forward_seconds for c in sc.units], bwd=[c.backward_seconds for c in sc.units],
                  shard=[{k: c.shard_numel(shard_count(k, cl)) for k in ks} for c in p.costs],

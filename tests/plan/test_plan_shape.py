@@ -67,8 +67,10 @@ def test_python_micro_batch_and_seq_are_passed_when_declared(user_dir):
     big = plan_json("--model", "python:shapes:sized", "--world", "2", "--micro-batch", "8", "--seq", "32",
                     cwd=user_dir)
     assert (small["micro_batch"], small["seq"]) == (2, 8) and (big["micro_batch"], big["seq"]) == (8, 32)
-    # 16x the tokens: the activations grow (the parameters do not)
-    assert big["predicted"]["memory"]["activations"] > 8 * small["predicted"]["memory"]["activations"]
+    # 16x the tokens: the activations at the peak grow (the parameters do not); the peak moves
+    # to a moment with less than all of them live, so not 16x
+    assert big["predicted"]["memory"]["activations"] > 2 * small["predicted"]["memory"]["activations"]
+    assert big["predicted"]["peak_bytes"] > small["predicted"]["peak_bytes"]
     assert big["predicted"]["memory"]["params"] == small["predicted"]["memory"]["params"]
 
 

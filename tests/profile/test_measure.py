@@ -39,7 +39,7 @@ def test_python_sequential_discovered_via_spec(tmp_path, monkeypatch):
     assert [l.name for l in p.layers] == ["0", "2", "4"]
     assert [l.params for l in p.layers] == [8 * 16 + 16, 16 * 32 + 32, 32 * 4 + 4]
     assert p.params == sum(q.numel() for q in model.parameters())
-    assert (p.micro_batch, p.seq, p.input_bytes) == (1, 0, 5 * 8 * 4)
+    assert (p.micro_batch, p.seq, p.input_bytes) == (5, 0, 5 * 8 * 4)  # rows of a 2-D input are its batch
     assert p.source == "measured" and p.fingerprint == fingerprint(model)
 
 

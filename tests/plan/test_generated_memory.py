@@ -1,0 +1,52 @@
+"""The memory model against FSDP2 on generated models and plans (issue 15).
+
+Hypothesis draws seeds; each seed is one random model (causal LMs with vocabularies
+256..64k, tied or untied heads, the loss in the root or in a child, `nn.Sequential` or custom
+MLPs, blocks applied repeatedly, wrappers; BatchNorm/GroupNorm CNNs; MLP-Mixers) and one
+random plan (every strategy, checkpointing, mixed strategies, fused units, auto at budgets
+from the least-memory plan's peak to twice it), run under FSDP2 on a fake process group and
+measured by FSDPMemTracker (tests/plan/_generated.py). A fixed sample of 50 runs here; the
+benchmark `bench/bench_generated_memory.py --cases 500` prints the distribution.
+
+What is asserted is what holds today, and it is not yet the issue's goal of 3% on every case:
+- every plan runs, and auto plans never exceed their budget by more than BUDGET_SLACK;
+- every prediction is within TOLERANCE, and at least INSIDE_3 of the sample within 3%.
+"""
+import warnings
+
+from hypothesis import HealthCheck, given, seed, settings
+
+from ._generated import cases, measure
+
+TOLERANCE = 0.10
+INSIDE_3 = 0.80
+BUDGET_SLACK = 0.03
+SAMPLE = 50
+_seen: list[dict] = []
+
+
+@seed(15)
+@settings(max_examples=SAMPLE, deadline=None, database=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(cases())
+def _each(case):
+    spec, plan = case
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+        c = measure(spec, plan)
+    print(f"{spec.family:5s} {plan.strategy + ('/' + plan.other if plan.other else ''):34s} w={plan.world:3d} "
+          f"measured={c['measured'] / 2**20:8.3f} MiB predicted={c['predicted'] / 2**20:8.3f} MiB "
+          f"error={c['error']:+.1%}")
+    _seen.append(c)
+    assert abs(c["error"]) <= TOLERANCE, (spec, plan, c["error"])
+    if c["budget"] is not None:
+        assert c["measured"] <= c["budget"] * (1 + BUDGET_SLACK), (spec, plan, c["measured"], c["budget"])
+
+
+def test_generated_models_and_plans_against_fsdp2():
+    _seen.clear()
+    _each()
+    inside = sum(abs(c["error"]) <= 0.03 for c in _seen) / len(_seen)
+    print(f"{len(_seen)} cases, {inside:.0%} within 3%")
+    assert len(_seen) >= SAMPLE * 0.9  # hypothesis may drop a few duplicate seeds
+    assert inside >= INSIDE_3
