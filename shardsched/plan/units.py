@@ -128,8 +128,9 @@ def layer_bytes(layers: list[LayerProfile]) -> tuple[tuple[int, int, int, int, i
     for k, layer in enumerate(layers):
         ws = layer.workspace_bytes or layer.activation_bytes // 2
         ows = layer.outside_workspace_bytes
-        out.append((kept_when_checkpointed(layer), layer.activation_bytes, ws + (ows if k + 1 < len(layers) else 0),
-                    layer.params, recomputed_bytes(layer), max(ws, ows) // 2))
+        inner = k + 1 < len(layers)  # the last layer's outside code runs after the unit reshards
+        out.append((kept_when_checkpointed(layer), layer.activation_bytes, ws + (ows if inner else 0),
+                    layer.params, recomputed_bytes(layer), max(ws, ows if inner else 0) // 2))
     return tuple(out)
 
 

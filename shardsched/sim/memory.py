@@ -75,7 +75,9 @@ def holds_root_grad(i: int, n: int) -> bool:
 
 # [Note: the loss before the unit's backward]
 # Code outside every layer that runs after a unit's last layer (the loss; a tied LM head
-# whose weight the root unit holds) runs its backward first, before the gradient reaches
+# whose weight the root unit holds) runs its forward after FSDP2's post-forward resharded the
+# unit (a full_shard unit holds only its AllGather output, kept until the next copy-out, with
+# the logits-sized tensor it produces: half its backward workspace), and its backward first, before the gradient reaches
 # the unit's output: FSDP2's pre-backward has not gathered the unit yet (a full_shard unit
 # holds nothing then, a shard_grad_op one its kept copy) nor launched its backward
 # prefetches. So its transient (cross-entropy's two (T, vocab) gradients) sits next to all
@@ -202,6 +204,11 @@ def _forward(live: _Live, i: int) -> list[MemoryBreakdown]:
     compute = _mb(live, unsharded=live.unsharded_live(s), act=live.activations(i - 1) + sc.forward_bytes(i),
                   comm=live.agbuf[i] + live.pending_gathers(s, include_launched_here=True))
     moments = [copyout, compute]
+    outside = sc.units[i].outside_workspace_bytes
+    if outside:  # [Note: the loss before the unit's backward], in forward: after the unit reshards
+        held = live.unsharded_live(s) if live.ddp else live.unsharded_live(s, exclude=i) + live.held[i]
+        moments.append(_mb(live, unsharded=held, act=live.activations(i) + outside // 2,
+                           comm=live.agbuf[i] + live.pending_gathers(s, include_launched_here=True)))
     if len(sc.units[i].layers) > 1:
         # Its last module starts with the others' activations and its input live. Units
         # that reshard after forward gather again there while the unit's first AllGather

@@ -106,9 +106,11 @@ class UnitCost:
         if not self.layer_bytes:
             return self.activation_bytes + self.workspace_bytes // 2
         best, acts = 0, 0
-        for _, act, _, _, _, produced in self.layer_bytes:
+        for k, (_, act, _, _, _, produced) in enumerate(self.layer_bytes):
             acts += act
-            best = max(best, acts + produced)
+            # the last layer's outside code (the loss) has not run yet: it saves after the unit reshards
+            later = self.outside_activation_bytes if k + 1 == len(self.layer_bytes) else 0
+            best = max(best, acts - later + produced)
         return best
 
     def module_ends(self, grad_bytes: float, reduce_bytes: float, *, checkpointed: bool) -> tuple[
@@ -197,7 +199,7 @@ class Scenario:
             return u.activation_bytes  # its workspace is its backward tail (profile.workspace)
         if self.ckpt(i):  # its layers keep their inputs; the largest tensor being produced
             produced = max((b[5] for b in u.layer_bytes), default=u.workspace_bytes // 2)
-            return u.input_bytes + produced
+            return u.input_bytes - u.outside_activation_bytes + produced
         return u.forward_peak()
 
     def backward_bytes(self, i: int) -> tuple[int, int]:

@@ -82,9 +82,11 @@ class Evaluator:
             ck = bool(ch.ckpt and ch.ckpt[i])
             lead = unit.checkpointed_lead_bytes if ck else unit.lead_activation_bytes
             extra = extra_gather(unit, ch.strategies[i]) * unsh[i] + (lead if len(unit.layers) > 1 else 0)
+            outside = unit.outside_workspace_bytes  # the loss's forward, after the unit reshards
             out.append(pers + U[i] + max(u + prev + self.act[i] + exc[i],
                                          u + extra + self.act[i] + inc[i],
-                                         u + self.act[i] + c.fwd_own[i][ck] + inc[i]))
+                                         u + self.act[i] + c.fwd_own[i][ck] + inc[i],
+                                         held[i] + ag[i] + self.act[i + 1] + outside // 2 + inc[i] if outside else 0))
         rs = [(c.rs_by[i][s], c.rs_kept_by[i][s]) for i, s in enumerate(ch.strategies)]
         for s in range(n, 2 * n):
             out.append(self._backward(ch, s, pers, U, G, inc, exc, unsh, rs, held))

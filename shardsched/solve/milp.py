@@ -456,6 +456,12 @@ class _Build:
             if len(unit.layers) > 1:  # its last module starts (and gathers again when it reshards)
                 self._mem(i, _add(_add(_add(live, extra), a0), self._pending(i, inclusive=True)),
                           k0 + (c.lead[i] + c.input_bytes) * g, cap)
+            outside = unit.outside_workspace_bytes
+            if outside:  # the loss's forward after the unit reshards (`sim.memory` [Note: the loss ...])
+                after = self.zexpr(i, {k: (c.held[i][k] + forward_gathers(unit, k) * c.unsh_by[i][k]) * g
+                                       for k in self.z[i]})
+                self._mem(i, _add(_add(_add(base, {self.U[i]: 1.0}), after), _add(a1, self._pending(i, inclusive=True))),
+                          k1 + (outside // 2 + c.input_bytes) * g, cap)
             fplain, fck = c.fwd_own[i]  # its own forward peak (`Scenario.forward_bytes`)
             self._mem(i, _add(_add(_add(live, a0), self._pending(i, inclusive=True)), self._ck_term(i, fck - fplain)),
                       k0 + (fplain + c.input_bytes) * g, cap)

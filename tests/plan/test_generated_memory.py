@@ -10,7 +10,9 @@ benchmark `bench/bench_generated_memory.py --cases 500` prints the distribution.
 
 What is asserted is what holds today, and it is not yet the issue's goal of 3% on every case:
 - every plan runs, and auto plans never exceed their budget by more than BUDGET_SLACK;
-- every prediction is within TOLERANCE, and at least INSIDE_3 of the sample within 3%.
+- no prediction is more than UNDER below the measured peak (the dangerous side: a plan that
+  says it fits and does not), none more than OVER above it, and at least INSIDE_3 of the
+  sample is within 3%.
 """
 import warnings
 
@@ -18,7 +20,8 @@ from hypothesis import HealthCheck, given, seed, settings
 
 from ._generated import cases, measure
 
-TOLERANCE = 0.10
+UNDER = 0.06
+OVER = 0.20
 INSIDE_3 = 0.80
 BUDGET_SLACK = 0.03
 SAMPLE = 50
@@ -38,7 +41,7 @@ def _each(case):
           f"measured={c['measured'] / 2**20:8.3f} MiB predicted={c['predicted'] / 2**20:8.3f} MiB "
           f"error={c['error']:+.1%}")
     _seen.append(c)
-    assert abs(c["error"]) <= TOLERANCE, (spec, plan, c["error"])
+    assert -UNDER <= c["error"] <= OVER, (spec, plan, c["error"])
     if c["budget"] is not None:
         assert c["measured"] <= c["budget"] * (1 + BUDGET_SLACK), (spec, plan, c["measured"], c["budget"])
 

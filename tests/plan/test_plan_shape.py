@@ -71,7 +71,7 @@ def test_python_micro_batch_and_seq_are_passed_when_declared(user_dir):
     # to a moment with less than all of them live, so not 16x
     assert big["predicted"]["memory"]["activations"] > 2 * small["predicted"]["memory"]["activations"]
     assert big["predicted"]["peak_bytes"] > small["predicted"]["peak_bytes"]
-    assert big["predicted"]["memory"]["params"] == small["predicted"]["memory"]["params"]
+    assert big["predicted"]["model_states_bytes"] == small["predicted"]["model_states_bytes"]
 
 
 @pytest.mark.parametrize("flag", ["--micro-batch", "--seq"])
