@@ -66,8 +66,9 @@ NEW_FAMILIES = {
     "resnet (in-place)": "hf:resnet,embedding_size=16,hidden_sizes=[16,32,64,128],depths=[1,1,2,1],"
                          "layer_type=bottleneck,num_labels=1000",
 }
-NEW_TOLERANCE = 0.03  # reported (*** in the table), not asserted: see NEW_FAMILIES
-NEW_BOUND = 0.5  # asserted: a plan whose prediction is off by half is broken, not inexact
+NEW_TOLERANCE = 0.03  # the goal: misses are marked *** in the table
+NEW_BOUND = 0.04  # asserted: measured -2.0..+3.3% (98 of 99 within 3%; ResNet full_shard+ckpt at
+# world 64 is +3.3%, its bottleneck children's recomputation transient, a forward-window guess)
 STRATEGIES = ("replicate", "shard_grad_op", "full_shard", "auto")
 TOLERANCE = 0.05
 WRAPS = ((False, (8, 64)), (True, (64,)))
