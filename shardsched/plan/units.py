@@ -18,6 +18,8 @@ checkpointed: its forward is the whole model's, which checkpointing it would rec
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from shardsched.core.types import Strategy
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.sim.scenario import UnitCost
@@ -117,7 +119,18 @@ def recomputed_bytes(layer: LayerProfile) -> int:
     return layer.activation_bytes if c == 1 else layer.activation_bytes // c + kept - kept // c
 
 
-def layer_bytes(layers: list[LayerProfile]) -> tuple[tuple[int, int, int, int, int, int], ...]:
+class LayerBytes(NamedTuple):
+    """What the moments inside a unit read of each of its layers (`sim.scenario.UnitCost`)."""
+    kept: int          # kept when checkpointed (inputs, outside code's saved bytes)
+    act: int           # saved activations
+    ws: int            # backward workspace
+    params: int
+    redo: int          # live while one call is recomputed
+    produced: int      # forward transient on top of its saved activations
+    ck_produced: int   # checkpointed: forward transient on top of its kept inputs
+
+
+def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
     """(kept when checkpointed, activations, workspace, parameters, bytes live while it is
     recomputed, forward transient) per layer. The outside code of a layer other than the
     unit's last runs its backward inside the unit's backward: on top of that layer's
@@ -129,9 +142,22 @@ def layer_bytes(layers: list[LayerProfile]) -> tuple[tuple[int, int, int, int, i
         ws = layer.workspace_bytes or layer.activation_bytes // 2
         ows = layer.outside_workspace_bytes
         inner = k + 1 < len(layers)  # the last layer's outside code runs after the unit reshards
-        out.append((kept_when_checkpointed(layer), layer.activation_bytes, ws + (ows if inner else 0),
-                    layer.params, recomputed_bytes(layer), max(ws, ows if inner else 0) // 2))
+        produced, ck_produced = forward_transients(layer, ws)
+        produced = max(produced, (ows if inner else 0) // 2)
+        out.append(LayerBytes(kept_when_checkpointed(layer), layer.activation_bytes, ws + (ows if inner else 0),
+                              layer.params, recomputed_bytes(layer), produced, max(ck_produced, produced)))
     return tuple(out)
+
+
+def forward_transients(layer: LayerProfile, ws: int) -> tuple[int, int]:
+    """(on top of its saved activations, and checkpointed: on top of its kept inputs) the most
+    its forward holds: from its measured forward windows ([Note: forward windows] in
+    profile/workspace.py; a checkpointed forward saves nothing, so it is measured so), or
+    half its backward workspace when they were not measured."""
+    fallback = ws // 2
+    own = layer.activation_bytes - layer.outside_bytes  # its outside code saves after it
+    plain = max(0, layer.forward_peak_bytes - own // max(1, layer.calls)) if layer.forward_peak_bytes else fallback
+    return plain, layer.checkpointed_forward_bytes or fallback
 
 
 def unit_cost(layers: list[LayerProfile]) -> UnitCost:

@@ -162,6 +162,8 @@ class _Stats:
         self.itemsize = 4  # of the compute dtype: the bytes of a gradient element
         self.inputs: dict[str, int] = defaultdict(int)
         self.calls: dict[str, int] = defaultdict(int)  # forward calls of each module
+        self.forward_peak: dict[str, int] = defaultdict(int)  # measured, [Note: forward windows]
+        self.forward_nosave: dict[str, int] = defaultdict(int)  # the same, saving nothing
         self.outside: dict[str, int] = defaultdict(int)  # `LayerProfile.outside_bytes`
         self.outside_largest: dict[str, int] = defaultdict(int)  # its largest tensor
         self.largest_saved: dict[str, int] = defaultdict(int)  # per key: folded keys become outside
@@ -360,8 +362,28 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
                          f"accepted: --measure to profile it on real tensors on this machine instead") from None
     finally:
         tracer.stats.workspace.update(ws.finish())
+        tracer.stats.forward_peak.update(ws.forward)
         tracer.remove()
+    with _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, rules, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tracer.stats.forward_nosave.update(_forward_without_saving(
+            model, state, fake_inputs, names, list(tracer.parent), [*state.values(), *L.tensors_in(fake_inputs)]))
     return tracer
+
+
+def _forward_without_saving(model: nn.Module, state: dict, inputs: tuple, names: list[str], children: list[str],
+                            persistent: list) -> dict[str, int]:
+    """Each layer's forward peak when it saves nothing, as a checkpointed layer's forward runs
+    (non-reentrant checkpoint drops what autograd would save): the same forward under
+    `no_grad`, watched by the live-bytes mode ([Note: forward windows] in profile/workspace.py).
+    Run after the traced pass, its hooks removed, so nothing is counted twice."""
+    ws = BackwardWorkspace(model, names, children, persistent=persistent)
+    try:
+        with ws, torch.no_grad():
+            torch.func.functional_call(model, state, inputs, tie_weights=True)
+    finally:
+        ws.finish()
+    return ws.forward
 
 
 # ---------------------------------------------------------------- repeated blocks
@@ -442,13 +464,15 @@ def _expand(tracer: _Tracer, full: list[str], kids: list[str], stacks) -> None:
     targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
                   {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
-                  [d.get(src, 0) for d in (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls)]) for _, src in targets}
+                  [d.get(src, 0) for d in (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
+                                    st.forward_nosave)]) for _, src in targets}
     for name, src in targets:
         flops, moved, rest = snap[src]
         for ph in ("fwd", "bwd"):
             st.flops[ph][name] = defaultdict(float, flops[ph])
             st.moved[ph][name] = moved[ph]
-        for d, v in zip((st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls), rest):
+        for d, v in zip((st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
+                                    st.forward_nosave), rest):
             d[name] = v
 
     def order(ran: list[str], names: list[str]) -> list[str]:
@@ -489,6 +513,8 @@ def _fold(stats: _Stats, ran: list[str], final: list[str]) -> None:
         stats.outside_largest[target] = max(stats.outside_largest[target], stats.outside_largest.pop(k, 0),
                                             stats.largest_saved.pop(k, 0))
         stats.workspace[target] = max(stats.workspace[target], stats.workspace.pop(k, 0))
+        stats.forward_peak[target] = max(stats.forward_peak[target], stats.forward_peak.pop(k, 0))
+        stats.forward_nosave[target] = max(stats.forward_nosave[target], stats.forward_nosave.pop(k, 0))
 
 
 def _workspace(name: str, params: Sequence[nn.Parameter], st: _Stats) -> int:
@@ -514,6 +540,8 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         activation_bytes=st.acts.get(name, 0),
         workspace_bytes=_workspace(name, params, st),
         outside_workspace_bytes=outside_workspace(st.outside_largest.get(name, 0)) if name != L.ROOT else 0,
+        forward_peak_bytes=st.forward_peak.get(name, 0) if name != L.ROOT else 0,
+        checkpointed_forward_bytes=st.forward_nosave.get(name, 0) if name != L.ROOT else 0,
         input_bytes=st.inputs.get(name, 0), outside_bytes=st.outside.get(name, 0), calls=max(1, st.calls.get(name, 1)),
         forward_flops=fwd,
         backward_flops=bwd,

@@ -47,6 +47,13 @@ class LayerProfile:
     a tied head after the last layer), which runs before the layer's own backward and before
     FSDP2 gathers its unit for backward (`sim.memory`): two of the largest tensor that code
     saved. 0 = none, or included in `workspace_bytes` (analytic profiles)."""
+    forward_peak_bytes: int = 0
+    """Peak of its forward above the live bytes at its start (its output, saved tensors and
+    transients), measured ([Note: forward windows] in profile/workspace.py); 0 = unknown
+    (the planner then takes half the backward workspace as the transient)."""
+    checkpointed_forward_bytes: int = 0
+    """Peak of its forward above its start when it saves nothing, as a checkpointed layer runs
+    (measured under `no_grad`, [Note: forward windows]); 0 = unknown."""
     calls: int = 1
     """Times its module runs in one forward (ALBERT's shared layer: once per depth).
     Parameters and workspace count once; `activation_bytes` and `input_bytes` are the

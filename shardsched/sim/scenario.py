@@ -42,9 +42,9 @@ class UnitCost:
     code outside them saved (`LayerProfile.outside_bytes`: not recomputed)."""
     checkpointed_lead_bytes: int = 0
     """`lead_activation_bytes` when checkpointed: its other layers keep only their inputs."""
-    layer_bytes: tuple[tuple[int, int, int, int, int, int], ...] = ()
+    layer_bytes: tuple = ()
     """Per layer, in forward order: (bytes kept when checkpointed, activations, workspace,
-    parameters, bytes live while it is recomputed, forward transient), for the moments inside its backward ([Note: checkpointed units, layer
+    parameters, bytes live while it is recomputed, forward transients: `plan.units.LayerBytes`), for the moments inside its backward ([Note: checkpointed units, layer
     by layer] in `plan.units`)."""
 
     outside_workspace_bytes: int = 0
@@ -75,7 +75,7 @@ class UnitCost:
         k+1) while layer k runs. At its last layer that input is the previous unit's (the
         simulator's)."""
         layers, before, last, inner = self.layer_bytes, 0, 0, 0
-        for k, (kept, _, ws, _, redo, _) in enumerate(layers):
+        for k, (kept, _, ws, _, redo, _, _) in enumerate(layers):
             if k + 1 < len(layers):
                 inner = max(inner, int(before + redo + ws + layers[k + 1][3] * reduce_bytes))
             else:  # the loss after it already ran its backward, freeing what it saved
@@ -92,7 +92,7 @@ class UnitCost:
         if not self.layer_bytes:
             return self.activation_bytes + self.workspace_bytes
         best, acts = 0, 0
-        for k, (_, act, ws, _, _, _) in enumerate(self.layer_bytes):
+        for k, (_, act, ws, _, _, _, _) in enumerate(self.layer_bytes):
             acts += act
             # the last layer's outside code (the loss) ran its backward first, freeing what it saved
             freed = self.outside_activation_bytes if k + 1 == len(self.layer_bytes) else 0
@@ -106,7 +106,7 @@ class UnitCost:
         if not self.layer_bytes:
             return self.activation_bytes + self.workspace_bytes // 2
         best, acts = 0, 0
-        for k, (_, act, _, _, _, produced) in enumerate(self.layer_bytes):
+        for k, (_, act, _, _, _, produced, _) in enumerate(self.layer_bytes):
             acts += act
             # the last layer's outside code (the loss) has not run yet: it saves after the unit reshards
             later = self.outside_activation_bytes if k + 1 == len(self.layer_bytes) else 0
@@ -124,7 +124,7 @@ class UnitCost:
         gradients next to its largest workspace over-predicted fused HF decoders by 12-18%."""
         layers, before = self.layer_bytes, 0
         last = inner = red = (0, 0, 0)
-        for k, (kept, act, ws, params, _, _) in enumerate(layers):
+        for k, (kept, act, ws, params, _, _, _) in enumerate(layers):
             g = int(params * grad_bytes)
             if k + 1 < len(layers):
                 inner = max(inner, (g, before + ws, int(layers[k + 1][3] * reduce_bytes)), key=sum)
@@ -140,7 +140,7 @@ class UnitCost:
         checkpointed: k not yet recomputed) and layer k+1's ReduceScatter input."""
         best, acts = 0, 0
         for k in range(len(self.layer_bytes) - 1):
-            kept, act, _, _, _, _ = self.layer_bytes[k]
+            kept, act, _, _, _, _, _ = self.layer_bytes[k]
             acts += kept if checkpointed else act
             best = max(best, int(acts + self.layer_bytes[k + 1][3] * reduce_bytes))
         return best
@@ -197,9 +197,14 @@ class Scenario:
         u = self.units[i]
         if u.layers == ("",):  # the root's own forward is the code before the first layer;
             return u.activation_bytes  # its workspace is its backward tail (profile.workspace)
-        if self.ckpt(i):  # its layers keep their inputs; the largest tensor being produced
-            produced = max((b[5] for b in u.layer_bytes), default=u.workspace_bytes // 2)
-            return u.input_bytes - u.outside_activation_bytes + produced
+        if self.ckpt(i):  # layer k runs saving nothing, next to the inputs layers 0..k-1 keep
+            if not u.layer_bytes:
+                return u.input_bytes + u.workspace_bytes // 2
+            best, before = 0, 0
+            for b in u.layer_bytes:
+                best = max(best, before + b.ck_produced)
+                before += b.kept
+            return best
         return u.forward_peak()
 
     def backward_bytes(self, i: int) -> tuple[int, int]:

@@ -87,6 +87,8 @@ def _with_residual(layer: LayerProfile) -> list[LayerProfile]:
         backward_seconds=last.backward_seconds + layer.backward_seconds - sum(c.backward_seconds for c in kids),
         activation_bytes=last.activation_bytes + residual,
         workspace_bytes=last.workspace_bytes, input_bytes=last.input_bytes,
+        forward_peak_bytes=last.forward_peak_bytes, checkpointed_forward_bytes=last.checkpointed_forward_bytes,
+        calls=last.calls,
         # the parent's own code runs outside the child: checkpointing the child keeps it
         outside_bytes=last.outside_bytes + max(0, residual),
         dims=last.dims if layer.params == sum(c.params for c in kids) else ())
