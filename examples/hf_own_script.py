@@ -9,6 +9,7 @@ spec names: the plan's layer names and fingerprint are that model's own, so
 `parallelize` applies it as is. Everything else is plain PyTorch: the process group,
 the mesh, the optimizer and the loop.
 """
+import gc
 import sys
 
 import torch
@@ -55,6 +56,12 @@ def main(plan_path: str) -> None:
     if rank == 0:
         kinds = ", ".join(u.strategy.value + ("+ckpt" if u.checkpoint else "") for u in plan.units)
         print(f"{len(plan.units)} units ({kinds}); loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    # Leave together, and free the sharded model while the group still exists: gloo objects
+    # left to interpreter shutdown can abort the process ("terminate called without an
+    # active exception"; shardsched/train/launcher.py does the same).
+    dist.barrier()
+    del model, opt, mesh, loss, mean
+    gc.collect()
     dist.destroy_process_group()
 
 
