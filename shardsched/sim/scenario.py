@@ -88,29 +88,28 @@ class UnitCost:
         checkpointed: layers run backward last to first, and layer k's backward frees the
         activations of the layers after it, so the peak is the most over k of the
         activations of layers 0..k and layer k's workspace (not all activations next to
-        the largest workspace: that over-counted a fused CNN by 24%)."""
+        the largest workspace: that over-counted a fused CNN by 24%). The last layer's
+        outside code (the loss) ran its backward first, freeing what it saved."""
         if not self.layer_bytes:
             return self.activation_bytes + self.workspace_bytes
-        best, acts = 0, 0
-        for k, (_, act, ws, _, _, _, _) in enumerate(self.layer_bytes):
-            acts += act
-            # the last layer's outside code (the loss) ran its backward first, freeing what it saved
-            freed = self.outside_activation_bytes if k + 1 == len(self.layer_bytes) else 0
-            best = max(best, acts - freed + ws)
-        return best
+        return self._layer_by_layer(lambda b: b.ws)
 
     def forward_peak(self) -> int:
         """Its own activations and transients at the peak of its forward when not
-        checkpointed: layer k produces its tensors (half its backward workspace) next to
-        the activations of layers 0..k."""
+        checkpointed: layer k produces its tensors (`LayerBytes.produced`, measured) next to
+        the activations of layers 0..k. The last layer's outside code (the loss) has not
+        saved yet: it runs after the unit reshards."""
         if not self.layer_bytes:
             return self.activation_bytes + self.workspace_bytes // 2
-        best, acts = 0, 0
-        for k, (_, act, _, _, _, produced, _) in enumerate(self.layer_bytes):
-            acts += act
-            # the last layer's outside code (the loss) has not run yet: it saves after the unit reshards
-            later = self.outside_activation_bytes if k + 1 == len(self.layer_bytes) else 0
-            best = max(best, acts - later + produced)
+        return self._layer_by_layer(lambda b: b.produced)
+
+    def _layer_by_layer(self, extra) -> int:
+        """The most over k of the activations of layers 0..k and `extra` of layer k, the last
+        layer's outside code's saved bytes not counted."""
+        best, acts, last = 0, 0, len(self.layer_bytes) - 1
+        for k, b in enumerate(self.layer_bytes):
+            acts += b.act
+            best = max(best, acts - (self.outside_activation_bytes if k == last else 0) + extra(b))
         return best
 
     def module_ends(self, grad_bytes: float, reduce_bytes: float, *, checkpointed: bool) -> tuple[
