@@ -291,8 +291,7 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
                             forward_seconds=fwd.get(n, 0.0), backward_seconds=bwd.get(n, 0.0),
                             activation_bytes=mem.acts.get(n, 0),
                             workspace_bytes=mem.workspace.get(ROOT_TAIL, 0) if root else layer_workspace(
-                                mem.workspace.get(n, 0), mem.acts.get(n, 0) - mem.outside.get(n, 0), grad_bytes,
-                                mem.outside_largest.get(n, 0)),
+                                mem.workspace.get(n, 0), mem.acts.get(n, 0) - mem.outside.get(n, 0), grad_bytes),
                             outside_workspace_bytes=0 if root else outside_workspace(mem.outside_largest.get(n, 0)),
                             input_bytes=hooks.input_bytes.get(n, 0), outside_bytes=mem.outside.get(n, 0),
                             children=kids)

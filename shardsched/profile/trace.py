@@ -525,7 +525,7 @@ def _workspace(name: str, params: Sequence[nn.Parameter], st: _Stats) -> int:
         return max(st.workspace.get(ROOT_TAIL, 0), st.workspace.get(L.ROOT, 0))
     # what its outside code saved is freed by that code's backward before its window opens
     return layer_workspace(st.workspace.get(name, 0), st.acts.get(name, 0) - st.outside.get(name, 0),
-                           sum(p.numel() for p in params) * st.itemsize, st.outside_largest.get(name, 0)) \
+                           sum(p.numel() for p in params) * st.itemsize) \
         + _accumulated_grad(name, params, st)
 
 

@@ -14,12 +14,11 @@ def above_model(measured: int, activation_bytes: int, grad_bytes: int) -> int:
     return max(0, measured - max(0, grad_bytes - activation_bytes))
 
 
-def layer_workspace(measured: int, activation_bytes: int, grad_bytes: int, outside_largest: int) -> int:
+def layer_workspace(measured: int, activation_bytes: int, grad_bytes: int) -> int:
     """A layer's `workspace_bytes`: its measured window above the model. The backward of code
     outside it that was folded into it runs before its window opens (a loss after the last
     layer: before FSDP2 gathers the unit for backward), so that is a moment of its own
     (`outside_workspace`), not part of this ([Note: what the backward workspace is])."""
-    del outside_largest  # kept in the signature: callers pass what they measured
     return above_model(measured, activation_bytes, grad_bytes)
 
 
