@@ -587,6 +587,8 @@ def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
     for n in asg.layers:
         kids = children.get(n, [])
         kids = [c for c in tracer.kids_ran if c in kids] if all(c in tracer.kids_ran for c in kids) else []
+        if tracer.stats.calls.get(n, 1) > 1:  # [Note: repeated modules]: never split into children
+            kids = []
         kid_profiles = tuple(_layer(c, _unique(model.get_submodule(c).parameters()), tracer.stats, device)
                              for c in kids)
         out.append(_layer(n, asg.params[n], tracer.stats, device, kid_profiles))
@@ -594,5 +596,6 @@ def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
     micro_batch, seq = batch_and_seq(inputs)
     return Profile(model=name, layers=tuple(out), fingerprint=fingerprint(model), compute_dtype=compute_dtype,
                    micro_batch=micro_batch, seq=seq, input_bytes=sum(_nbytes([t]) for t in L.tensors_in(inputs)),
-                   source="traced", tied=asg.tied, extra={"device": device.name, "torch": torch.__version__,
+                   source="traced", tied=asg.tied, root_tied_numel=asg.root_tied_numel,
+                   extra={"device": device.name, "torch": torch.__version__,
                                                           **L.notes_extra(model)})
