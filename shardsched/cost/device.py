@@ -111,14 +111,14 @@ DEVICES: dict[str, DeviceSpec] = {
                        memory_bandwidth=900e9),
     # A100 SXM4 80GB: 312 TFLOP/s bf16, NVLink3 ~230 GB/s algbw, 200 Gb/s HDR IB per GPU;
     # 81049 MiB total global memory (an A100 80GB's cudaDeviceProp, ekondis/mixbench#47).
-    "a100": DeviceSpec(name="a100", peak_flops=312e12, mfu=0.4, efficiency={"matmul": 0.69, "attention": 0.28},
+    "a100": DeviceSpec(name="a100", peak_flops=312e12, mfu=0.4, efficiency={"matmul": 0.68, "attention": 0.34},
                        memory_bytes=81049 * MiB, **GPU_HEADROOM,
                        intra=Link(alpha_seconds=25e-6 / 7, bandwidth=230e9),
                        inter=Link(alpha_seconds=5e-6, bandwidth=22e9),
                        memory_bandwidth=2.0e12),
     # H100 SXM 80GB: 989 TFLOP/s bf16; NVSwitch AllGather ~30 us, ~394 GB/s algbw (nccl-tests);
     # 400 Gb/s NDR IB per GPU; torch reports total_memory=81089MB (MiB) for 'NVIDIA H100 80GB HBM3'.
-    "h100": DeviceSpec(name="h100", peak_flops=989e12, mfu=0.4, efficiency={"matmul": 0.50, "attention": 0.16},
+    "h100": DeviceSpec(name="h100", peak_flops=989e12, mfu=0.4, efficiency={"matmul": 0.50, "attention": 0.18},
                        memory_bytes=81089 * MiB, **GPU_HEADROOM,
                        intra=Link(alpha_seconds=30e-6 / 7, bandwidth=394e9),
                        inter=Link(alpha_seconds=5e-6, bandwidth=45e9),
@@ -126,7 +126,7 @@ DEVICES: dict[str, DeviceSpec] = {
     # H200 SXM 141GB: the H100's GH100 die and clocks (989 TFLOP/s bf16, NVLink4, so the H100's
     # links and efficiencies: no public bf16 FSDP measurement on H200 was found; torchtitan's
     # H200 benchmark runs Float8), HBM3e at 4.8 TB/s; torch reports total_memory=143156MB (MiB).
-    "h200": DeviceSpec(name="h200", peak_flops=989e12, mfu=0.4, efficiency={"matmul": 0.50, "attention": 0.16},
+    "h200": DeviceSpec(name="h200", peak_flops=989e12, mfu=0.4, efficiency={"matmul": 0.50, "attention": 0.18},
                        memory_bytes=143156 * MiB, **GPU_HEADROOM,
                        intra=Link(alpha_seconds=30e-6 / 7, bandwidth=394e9),
                        inter=Link(alpha_seconds=5e-6, bandwidth=45e9),

@@ -13,8 +13,8 @@ forward (Kaplan et al. 2020, "Scaling laws", Sec. 2.1) and twice that backward
 (input and weight gradients). Attention adds QK^T and AV: 2 matmuls * 2 FLOPs *
 b*s^2*h forward without a mask; the model is causal, and the kernels it runs skip
 the masked half (FlashAttention-2's causal tiles; PyTorch's CPU flash kernel stops
-each query block at the diagonal), so it is priced at half that ([Note: causal
-attention FLOPs]). Published MFU figures (Megatron-LM, Narayanan et al. 2021, eq. 3;
+each query block at the diagonal), so it is priced at the lower triangle, s(s+1)/2
+of s^2 ([Note: causal attention FLOPs]). Published MFU figures (Megatron-LM, Narayanan et al. 2021, eq. 3;
 llm-foundry; torchtitan) count the unmasked 4*b*s^2*h: compare FLOPs, not MFUs.
 """
 from __future__ import annotations
@@ -154,18 +154,28 @@ def _mlp_act(cfg: GPTConfig, tokens: int, d: int) -> int:
 # indices"); so does PyTorch's CPU kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp,
 # `num_keys = is_causal ? min(m + qBlockSize, kvSize) : kvSize`). FlopCounterMode's SDPA
 # formulas count the full s^2 ("NB: We aren't accounting for causal attention here",
-# torch/utils/flop_counter.py); `causal_attention_flops` is the count both profiles should use.
-CAUSAL_SHARE = 0.5
-"""Share of the unmasked score/PV FLOPs a causal kernel computes (the lower triangle)."""
+# torch/utils/flop_counter.py); `causal_attention_flops` here and `profile.attention_flops`'s
+# FlopCounterMode formulas (for traced profiles) count the computed triangle instead.
+ATTENTION_BACKWARD = 2.5
+"""Backward / forward FLOPs of flash attention: it recomputes the scores and runs four gradient
+matmuls, five against the forward's two (FlopCounterMode's `sdpa_backward_flop_count` alike)."""
+
+
+def causal_share(s_q: int, s_k: int, is_causal: bool) -> float:
+    """Share of the s_q x s_k score matrix a causal kernel computes: the ones of
+    `ones(s_q, s_k).tril()` (SDPA's is_causal mask, top-left aligned); s(s+1)/2 of s^2
+    for self-attention."""
+    if not is_causal:
+        return 1.0
+    rows = min(s_q, s_k)
+    return (rows * (rows + 1) / 2 + (s_q - rows) * s_k) / (s_q * s_k)
 
 
 def causal_attention_flops(*, b: int, s: int, h: int, causal: bool = True) -> float:
     """Forward FLOPs of softmax(QK^T)V over b sequences of s tokens, width h (all heads):
-    two matmuls of 2*b*s^2*h FLOPs each, half of them when causal. The backward is priced
-    at twice this, like every layer's (FlopCounterMode's `sdpa_backward_flop_count` counts
-    the score recomputation and four gradient matmuls: 2.5x; the difference sits in the
-    fitted attention efficiency)."""
-    return 2 * 2 * b * s * s * h * (CAUSAL_SHARE if causal else 1.0)
+    two matmuls of 2*b*s^2*h FLOPs each, the lower triangle of them when causal. Its backward is
+    `ATTENTION_BACKWARD` times this."""
+    return 2 * 2 * b * s * s * h * causal_share(s, s, causal)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -188,10 +198,11 @@ class _Ctx:
                                            else {"matmul": matmul})
 
 
-def _leaf(name: str, *, params: int, fwd_seconds: float, act: int, largest: int = 0, inp: int = 0) -> LayerProfile:
+def _leaf(name: str, *, params: int, fwd_seconds: float, act: int, largest: int = 0, inp: int = 0,
+          bwd_seconds: float | None = None) -> LayerProfile:
     return LayerProfile(name=name, params=params, forward_seconds=fwd_seconds,
-                        backward_seconds=2 * fwd_seconds, activation_bytes=act, workspace_bytes=2 * largest,
-                        input_bytes=inp)
+                        backward_seconds=2 * fwd_seconds if bwd_seconds is None else bwd_seconds,
+                        activation_bytes=act, workspace_bytes=2 * largest, input_bytes=inp)
 
 
 def _parent(name: str, children: list[LayerProfile], *, d: int, backward_peak: int, extra_fwd: float = 0.0,
@@ -221,7 +232,9 @@ def _block(ctx: _Ctx, prefix: str, shapes: dict[str, Shapes]) -> LayerProfile:
         attention = attention_flops if child.endswith(".attn") else 0
         kind = child.rsplit(".", 1)[1]
         # Every child reads one (T, h) tensor of the residual stream (checkpointing keeps it).
-        children.append(_leaf(child, params=p, fwd_seconds=ctx.seconds(2 * p * T, attention), act=acts[kind],
+        fwd = ctx.seconds(2 * p * T, attention)
+        bwd = ctx.seconds(2 * 2 * p * T, ATTENTION_BACKWARD * attention)
+        children.append(_leaf(child, params=p, fwd_seconds=fwd, bwd_seconds=bwd, act=acts[kind],
                               largest=_largest_saved(cfg, kind, T, d, ctx.fused_rms), inp=T * cfg.hidden * d))
     params, act = sum(c.params for c in children), sum(c.activation_bytes for c in children)
     return _parent(prefix, children, inp=T * cfg.hidden * d, d=d,
