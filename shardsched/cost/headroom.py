@@ -92,9 +92,10 @@ def usable_budget(given: int | None, *, device_memory: int, headroom: Headroom) 
     base = given if given is not None else device_memory
     cut = headroom.bytes_of(base)
     if base - cut <= 0:
-        what = f"--memory-budget {given}" if given is not None else f"the device's {device_memory} bytes"
-        raise UsageError(f"--headroom {headroom.text} ({cut} bytes) leaves nothing of {what}; "
-                         f"accepted: a smaller --headroom or a larger --memory-budget")
+        from shardsched._fmt import fmt_bytes
+        what = f"--memory-budget {fmt_bytes(given)}" if given is not None else f"the device's {fmt_bytes(base)}"
+        raise UsageError(f"--headroom {headroom.text} ({fmt_bytes(cut)}) leaves nothing of {what}; "
+                         f"accepted: a smaller --headroom (e.g. --headroom 0) or a larger --memory-budget")
     return Budget(given=given, headroom_bytes=cut, usable=base - cut)
 
 

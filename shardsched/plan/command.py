@@ -139,7 +139,7 @@ def run_plan(args: argparse.Namespace) -> int:
         # Reported, never silently accepted: the plan is still shown (and saved) for inspection.
         sys.stderr.write(f"shardsched plan: warning: predicted peak {fmt_bytes(plan.predicted.peak_bytes)} exceeds "
                          f"the usable budget {fmt_bytes(budget.usable)} (--memory-budget {fmt_bytes(given)} less "
-                         f"--headroom {fmt_bytes(budget.headroom_bytes)}); try --strategy auto\n")
+                         f"{fmt_bytes(budget.headroom_bytes)} --headroom); try --strategy auto\n")
     device_memory_warning(plan, cluster)
     if args.out:
         write_atomic(args.out, plan.to_json() + "\n")

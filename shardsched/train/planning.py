@@ -109,8 +109,11 @@ def make_local_plan(cfg: TrainConfig, built: Built, *, world: int, profile: Prof
         from shardsched._fmt import fmt_bytes
         notes = (f"default memory budget {fmt_bytes(default)}: midway between the least-memory plan and "
                  f"shard_grad_op everywhere (give --memory-budget or --strategy to choose)",)
-    plan = stated(make_plan(profile, cluster, strategy=cfg.strategy or "auto", precision=precision,
-                            optimizer="adam", memory_budget_bytes=budget.usable if budget.given else None), budget)
+    from shardsched.plan.spec import parse_strategy_spec
+    strategy = cfg.strategy or "auto"
+    planned = budget.usable if budget.given is not None or parse_strategy_spec(strategy).auto else None
+    plan = stated(make_plan(profile, cluster, strategy=strategy, precision=precision,
+                            optimizer="adam", memory_budget_bytes=planned), budget)
     # What was set on the model for training (models.hf.training_defaults), said in the plan.
     return dataclasses.replace(plan, notes=plan.notes + notes + tuple(profile.extra.get("notes", ())))
 
