@@ -20,8 +20,8 @@ from shardsched.solve.build import make_plan, plan_from_scenario
 from shardsched.plan.schedule import scenario_for
 from shardsched.plan.units import tied_violation
 from shardsched.core.types import Optimizer, Plan, Precision
-from shardsched._flags import (add_headroom_argument, add_layers_argument, check_int, check_positive_float, flag, layers_items,
-                               reject_empty_strings)
+from shardsched._flags import (add_headroom_argument, add_layers_argument, check_int, check_positive_float, flag,
+                               layers_items, reject_empty_strings)
 from shardsched._paths import atomic_write, check_writable_file
 from shardsched.plan.spec import parse_strategy_spec
 from shardsched.plan.validate import check_plan_layers, read_plan_file

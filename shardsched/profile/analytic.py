@@ -14,8 +14,9 @@ forward (Kaplan et al. 2020, "Scaling laws", Sec. 2.1) and twice that backward
 b*s^2*h forward without a mask; the model is causal, and the kernels it runs skip
 the masked half (FlashAttention-2's causal tiles; PyTorch's CPU flash kernel stops
 each query block at the diagonal), so it is priced at the lower triangle, s(s+1)/2
-of s^2 ([Note: causal attention FLOPs]). Published MFU figures (Megatron-LM, Narayanan et al. 2021, eq. 3;
-llm-foundry; torchtitan) count the unmasked 4*b*s^2*h: compare FLOPs, not MFUs.
+of s^2 ([Note: causal attention FLOPs]), its backward at 2.5x. Published MFU figures
+(Megatron-LM, Narayanan et al. 2021, eq. 3; llm-foundry; torchtitan) count the
+unmasked 4*b*s^2*h: compare throughput, not MFUs.
 """
 from __future__ import annotations
 
@@ -148,11 +149,10 @@ def _mlp_act(cfg: GPTConfig, tokens: int, d: int) -> int:
 
 # [Note: causal attention FLOPs]
 # The score and PV matmuls of causal attention compute only the lower triangle: s(s+1)/2
-# of the s^2 score entries, which for the sequence lengths planned is s^2/2. Flash kernels
-# skip whole masked tiles (FlashAttention-2, Dao 2023, Sec. 3.1.1: "for causal masking ...
-# we can skip the computation of blocks where all the column indices exceed the row
-# indices"); so does PyTorch's CPU kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp,
-# `num_keys = is_causal ? min(m + qBlockSize, kvSize) : kvSize`). FlopCounterMode's SDPA
+# of the s^2 score entries, about s^2/2. Flash kernels skip the tiles the mask removes whole
+# (FlashAttention-2, Dao 2023: blocks whose column indices all exceed their row indices are
+# not computed); so does PyTorch's CPU kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp,
+# `num_keys = is_causal ? std::min(m + qBlockSize, kvSize) : kvSize`). FlopCounterMode's SDPA
 # formulas count the full s^2 ("NB: We aren't accounting for causal attention here",
 # torch/utils/flop_counter.py); `causal_attention_flops` here and `profile.attention_flops`'s
 # FlopCounterMode formulas (for traced profiles) count the computed triangle instead.
