@@ -400,7 +400,9 @@ def budget_warning(summary: dict) -> str | None:
     """One line when the measured peak exceeded the plan's budget: the promise broke."""
     if not summary.get("budget_exceeded"):
         return None
-    peak = summary["measured_peak_bytes"]
-    budget = summary.get("usable_budget_bytes") or summary["memory_budget_bytes"]
-    return (f"train: warning: measured peak {fmt_bytes(peak)} per worker exceeds the plan's usable memory budget "
-            f"{fmt_bytes(budget)} ({peak / budget - 1:+.1%}; predicted {fmt_bytes(summary['predicted_peak_bytes'])})")
+    peak, given = summary["measured_peak_bytes"], summary["memory_budget_bytes"]
+    budget = summary.get("usable_budget_bytes") or given
+    usable = f" (usable, of {fmt_bytes(given)} less headroom)" if budget != given else ""
+    return (f"train: warning: measured peak {fmt_bytes(peak)} per worker exceeds the plan's memory budget "
+            f"{fmt_bytes(budget)}{usable} ({peak / budget - 1:+.1%}; "
+            f"predicted {fmt_bytes(summary['predicted_peak_bytes'])})")
