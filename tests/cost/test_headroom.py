@@ -95,3 +95,16 @@ def test_bad_headroom_is_one_line_exit_2(capsys):
         assert main(["plan", "--model", "tiny", "--device", "cpu", *args]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "--headroom" in err and "Traceback" not in err
+
+
+def test_plan_files_with_bad_budget_fields_are_refused(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    assert main(["plan", "--model", "tiny", "--world", "2", "--device", "cpu", "--out", str(path)]) == 0
+    good = json.loads(path.read_text())
+    assert good["usable_budget_bytes"] == DEVICES["cpu"].memory_bytes and good["headroom_bytes"] == 0
+    for key, value in (("usable_budget_bytes", -1), ("headroom_bytes", -5), ("usable_budget_bytes", "x")):
+        path.write_text(json.dumps({**good, key: value}))
+        capsys.readouterr()
+        assert main(["plan", "--model", "tiny", "--world", "2", "--device", "cpu", "--plan", str(path)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and key in err, err
