@@ -66,7 +66,8 @@ class Published(NamedTuple):
 
 
 CONFIGS: tuple[Published, ...] = (
-    # llm-foundry, "A100 80GB with 1600 Gbps node-node interconnect (RoCE)", amp_bf16, FULL_SHARD.
+    # llm-foundry, "A100 80GB with 1600 Gbps node-node interconnect (RoCE)", amp_bf16 (the 70B row:
+    # bf16 PURE), FULL_SHARD.
     Published("a100", "MPT-1B seq 32768", mpt("1b", 32768), 32768, 1, 8, False, 6275, LLM_FOUNDRY),
     Published("a100", "MPT-3B seq 8192", mpt("3b", 8192), 8192, 3, 8, False, 7695, LLM_FOUNDRY),
     Published("a100", "MPT-7B seq 2048", mpt("7b", 2048), 2048, 6, 8, False, 4641, LLM_FOUNDRY),
