@@ -78,8 +78,8 @@ def local_profile(cfg: TrainConfig, built: Built, *, world: int, device: DeviceS
         from shardsched.profile.layers import SPEC_ATTR
         setattr(built.model, SPEC_ATTR, cfg.layers)
     elif config is not None and not cfg.cluster:
-        from shardsched.train.config import model_config
-        return analytic_profile(model_config(cfg.model, seq=cfg.seq), micro_batch=max(1, cfg.batch // world),
+        from shardsched.train.config import model_config, worker_rows
+        return analytic_profile(model_config(cfg.model, seq=cfg.seq), micro_batch=worker_rows(cfg, world=world),
                                 seq=cfg.seq, device=device, compute_dtype=dtype, name=cfg.model)
     return trace_profile(built.model, built.example_inputs, name=cfg.model, device=device, compute_dtype=dtype)
 
