@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import StateBytes, shard_numel
-from shardsched.core.types import Strategy
+from shardsched.core.types import GradSync, Strategy
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,6 +169,10 @@ class Scenario:
     (foreach Adam materialises a few parameter-sized temporaries)."""
     checkpoint: tuple[bool, ...] = ()
     """Per unit: activation checkpointing on (empty: off everywhere)."""
+    accumulation: int = 1
+    """Micro-batches per optimizer step (gradient accumulation; the units' costs are one micro-batch's)."""
+    grad_sync: GradSync = GradSync.EVERY
+    """When gradients are reduced under accumulation (`core.types.GradSync`)."""
 
     @property
     def on_ddp(self) -> bool:
