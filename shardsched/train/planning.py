@@ -106,8 +106,26 @@ def make_local_plan(cfg: TrainConfig, built: Built, *, world: int, profile: Prof
                  f"shard_grad_op everywhere (give --memory-budget or --strategy to choose)",)
     plan = make_plan(profile, cluster, strategy=cfg.strategy or "auto",
                      precision=precision, optimizer="adam", memory_budget_bytes=budget)
+    plan = with_accumulation(plan, cfg, profile, cluster)
     # What was set on the model for training (models.hf.training_defaults), said in the plan.
     return dataclasses.replace(plan, notes=plan.notes + notes + tuple(profile.extra.get("notes", ())))
+
+
+def with_accumulation(plan: Plan, cfg: TrainConfig, profile: Profile, cluster) -> Plan:
+    """The plan with this run's accumulation (`--micro-batch`, `--grad-sync`) recorded and
+    its predictions re-simulated for it (`sim.memory.accumulation_bytes`, K micro-batches
+    per step); as it is without accumulation. The planner itself chose for one micro-batch."""
+    from shardsched.plan.schedule import scenario_for
+    from shardsched.sim.simulate import simulate
+    from shardsched.train.accum import resolve
+    from shardsched.train.validate import user_sized
+    if user_sized(cfg.model):
+        return plan
+    acc = resolve(batch=cfg.batch, world=cluster.world, micro_batch=cfg.micro_batch, grad_sync=cfg.grad_sync)
+    if acc.steps == 1:
+        return plan
+    plan = dataclasses.replace(plan, accumulation=acc.steps, grad_sync=acc.grad_sync)
+    return dataclasses.replace(plan, predicted=simulate(scenario_for(plan, profile, cluster)).predicted)
 
 
 def obtain_plan(cfg: TrainConfig, built: Built, *, mesh: DeviceMesh, rank: int) -> Plan:
