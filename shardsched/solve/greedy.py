@@ -93,7 +93,7 @@ class Evaluator:
         for s in range(n, 2 * n):
             out.append(self._backward(ch, s, pers, U, G, inc, exc, unsh, rs, held))
         out.append(pers + G[0] + int(c.opt_factor * shard.sum() * sb.param))
-        return list(np.array(out) + accumulation_terms(self.p, G))
+        return with_accumulation(self.p, G, out)
 
     def _backward(self, ch, s, pers, U, G, inc, exc, unsh, rs, held) -> float:
         c, n = self.c, self.p.n
@@ -124,19 +124,19 @@ class Evaluator:
         return base + m
 
 
-def accumulation_terms(p: Problem, G: np.ndarray) -> np.ndarray:
-    """Per compute step, the gradients of earlier micro-batches (`sim.memory.accumulation_bytes`,
-    [Note: accumulation memory]); G[i]: reduced gradients of units i.. (the moments count G[i+1]
-    in unit i's backward, nothing in forward)."""
+def with_accumulation(p: Problem, G: np.ndarray, moments: list[float]) -> list[float]:
+    """The moments of every compute step plus the gradients of earlier micro-batches
+    (`sim.memory.accumulation_bytes`, [Note: accumulation memory]); G[i]: reduced gradients of
+    units i.. (the moments count G[i+1] in unit i's backward, nothing in forward)."""
+    if p.accumulation <= 1:
+        return moments
     n = p.n
     counted = np.concatenate([np.zeros(n), G[1:][::-1], [0.0]])  # forward, backward of n-1 .. 0, optimizer
-    if p.accumulation <= 1:
-        return np.zeros(2 * n + 1)
     held = G[0] if p.grad_sync is GradSync.EVERY else sum(u.params for u in p.costs) * state_bytes(
         p.precision, p.optimizer).reduce
-    out = held - counted
-    out[-1] = 0.0
-    return out
+    extra = held - counted
+    extra[-1] = 0.0
+    return list(np.array(moments) + extra)
 
 
 def fewer_gathers(ev: Evaluator, ch: Choice) -> Choice:

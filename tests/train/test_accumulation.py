@@ -102,3 +102,34 @@ def test_a_batch_that_does_not_divide_is_one_line(tmp_path, capsys, argv, words)
                  "--run-dir", str(tmp_path / "r"), *argv])
     err = capsys.readouterr().err
     assert code == 2 and words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_gradients_are_reduced_once_with_sync_on_the_last(monkeypatch):
+    """K=3 micro-batches over 2 FSDP2 units with parameters (fake process group): 6
+    ReduceScatters when reducing every micro-batch, 2 (the last micro-batch's) with grad
+    sync last. Counted at
+    torch's `reduce_scatter_single`, which FSDP2's default ReduceScatter calls."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from shardsched.core.types import GradSync
+    from shardsched.train.accum import forward_backward
+    calls = []
+    real = dist.reduce_scatter_single
+    monkeypatch.setattr(dist, "reduce_scatter_single", lambda *a, **k: calls.append(1) or real(*a, **k))
+    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        fully_shard(model[0])
+        fully_shard(model[2])
+        fully_shard(model)
+        x = torch.randn(4, 8)
+        counts = {}
+        for sync in GradSync:
+            calls.clear()
+            forward_backward(model, [(x,)] * 3, grad_sync=sync, loss_of=lambda out: out.sum())
+            counts[sync.value] = len(calls)
+    finally:
+        dist.destroy_process_group()
+    assert counts == {"every": 6, "last": 2}
