@@ -54,7 +54,7 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]))
 
 
-def worker_rows(global_batch: int, world: int) -> int:
+def rows_per_worker(global_batch: int, world: int) -> int:
     """Rows per worker per step; UsageError unless the world divides the global batch."""
     if global_batch < 1 or global_batch % world:
         raise UsageError(f"--global-batch {global_batch} is not a multiple of the {world} workers; accepted: "
@@ -81,7 +81,7 @@ def plan_global_batch(profile_at: ProfileAt, cluster: Cluster, *, global_batch: 
     """The fastest plan per global batch over micro-batch sizes and GradSync modes (the
     ones given, else all); every choice tried, in order. kw: `make_plan`'s other arguments."""
     from shardsched.solve.build import make_plan
-    rows = worker_rows(global_batch, cluster.world)
+    rows = rows_per_worker(global_batch, cluster.world)
     if micro_batch is not None and rows % micro_batch:
         raise UsageError(f"--global-batch {global_batch} is not a multiple of {cluster.world} workers x "
                          f"--micro-batch {micro_batch}; accepted: a micro-batch dividing {rows}")

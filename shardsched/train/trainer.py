@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from shardsched._fmt import fmt_bytes
 from shardsched.errors import UsageError
-from shardsched.core.types import Plan
+from shardsched.core.types import GradSync, Plan
 from shardsched.train import checkpoint as ckpt
 from shardsched.train import interrupt
 from shardsched.train.accum import Accumulation, forward_backward, split_micro_batches
@@ -375,7 +375,7 @@ def _shape_words(run: _Run) -> str:
 
 
 def _sync_words(acc: Accumulation) -> str:
-    return "after every micro-batch" if acc.grad_sync.value == "every" else "after the last micro-batch"
+    return "after every micro-batch" if acc.grad_sync is GradSync.EVERY else "after the last micro-batch"
 
 
 def _plan_words(plan: Plan) -> str:
@@ -401,7 +401,8 @@ def _summary(run: _Run, start: int, peaks: list) -> dict:
         "last_loss": run.losses[-1] if run.losses else (rows[-1]["loss"] if rows else None),
         "last_val_loss": next((r["val_loss"] for r in reversed(rows) if "val_loss" in r), None),
         "steps": cfg.steps, "start_step": start, "world": run.mesh.size(), "model": cfg.model,
-        "batch": cfg.batch, "seq": cfg.seq, "micro_batch": run.accum.micro_batch,
+        "batch": cfg.batch, "seq": cfg.seq,
+        "micro_batch": run.accum.micro_batch if run.accum.steps > 1 else run.task.micro_batch,
         "accumulation": run.accum.steps, "grad_sync": run.accum.grad_sync.value,
         "measured_peak_bytes": max(known) if known else None,
         "measured_peak_bytes_per_worker": peaks,
