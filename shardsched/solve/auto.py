@@ -100,22 +100,28 @@ def plan_of(found: Search, profile: Profile, *, base: list[Scored], problems: li
                               optimizer=optimizer, notes=tuple(notes))
 
 
-def least_memory_peak(profile: Profile, cluster: Cluster, *, precision: Precision, optimizer: Optimizer) -> int:
-    """Predicted peak of the least-memory plan: full_shard everywhere, no prefetch, smallest units."""
+def least_memory_peak(profile: Profile, cluster: Cluster, *, precision: Precision, optimizer: Optimizer,
+                      accumulation=None) -> int:
+    """Predicted peak of the least-memory plan: full_shard everywhere, no prefetch, smallest units
+    (`accumulation`: (K, GradSync) micro-batches per step, `solve.batch`)."""
     finest = finest_problem(profile, cluster, pins={}, precision=precision, optimizer=optimizer)
+    if accumulation:
+        finest = finest._replace(accumulation=accumulation[0], grad_sync=accumulation[1])
     return max(m.total for m in step_memory(finest.scenario(least_memory(finest._replace(checkpointable=True)))))
 
 
-def default_budget(profile: Profile, cluster: Cluster, *, precision: Precision, optimizer: Optimizer) -> int:
+def default_budget(profile: Profile, cluster: Cluster, *, precision: Precision, optimizer: Optimizer,
+                   accumulation=None) -> int:
     """Midway between the least-memory plan and the least memory shard_grad_op
     everywhere can take (no prefetch): neither replicate nor shard_grad_op fits
     everywhere, so some units must be fully sharded while others need not be,
     and the plan shows the trade-off (the budget of `shardsched train`'s default)."""
     from shardsched.solve.build import make_plan
 
-    least = least_memory_peak(profile, cluster, precision=precision, optimizer=optimizer)
+    least = least_memory_peak(profile, cluster, precision=precision, optimizer=optimizer, accumulation=accumulation)
     sgo = min(make_plan(profile, cluster, strategy="shard_grad_op", precision=precision, optimizer=optimizer,
-                        prefetch_ahead=0, fuse=fuse).predicted.peak_bytes for fuse in (True, False))
+                        prefetch_ahead=0, fuse=fuse, accumulation=accumulation).predicted.peak_bytes
+              for fuse in (True, False))
     return least + max(0, sgo - least) // 2
 
 

@@ -99,33 +99,28 @@ def make_local_plan(cfg: TrainConfig, built: Built, *, world: int, profile: Prof
     from shardsched.train.launcher import local_world_size
     cluster = Cluster(world=world, gpus_per_node=cfg.gpus_per_node or local_world_size(world), device=device)
     budget, notes = cfg.memory_budget_bytes, ()
+    acc = local_accumulation(cfg, world=world)
     if cfg.strategy in (None, "auto") and budget is None:
-        budget = default_budget(profile, cluster, precision=precision, optimizer=Optimizer.ADAM)
+        budget = default_budget(profile, cluster, precision=precision, optimizer=Optimizer.ADAM, accumulation=acc)
         from shardsched._fmt import fmt_bytes
         notes = (f"default memory budget {fmt_bytes(budget)}: midway between the least-memory plan and "
                  f"shard_grad_op everywhere (give --memory-budget or --strategy to choose)",)
     plan = make_plan(profile, cluster, strategy=cfg.strategy or "auto",
-                     precision=precision, optimizer="adam", memory_budget_bytes=budget)
-    plan = with_accumulation(plan, cfg, profile, cluster)
+                     precision=precision, optimizer="adam", memory_budget_bytes=budget, accumulation=acc)
     # What was set on the model for training (models.hf.training_defaults), said in the plan.
     return dataclasses.replace(plan, notes=plan.notes + notes + tuple(profile.extra.get("notes", ())))
 
 
-def with_accumulation(plan: Plan, cfg: TrainConfig, profile: Profile, cluster) -> Plan:
-    """The plan with this run's accumulation (`--micro-batch`, `--grad-sync`) recorded and
-    its predictions re-simulated for it (`sim.memory.accumulation_bytes`, K micro-batches
-    per step); as it is without accumulation. The planner itself chose for one micro-batch."""
-    from shardsched.plan.schedule import scenario_for
-    from shardsched.sim.simulate import simulate
+def local_accumulation(cfg: TrainConfig, *, world: int):
+    """(K, GradSync) of this run's `--micro-batch` / `--grad-sync` for the planner to price
+    (`solve.batch`: memory of the accumulated gradients, K passes per step); None without
+    accumulation (a `python:` model sizes its own inputs)."""
     from shardsched.train.accum import resolve
     from shardsched.train.validate import user_sized
     if user_sized(cfg.model):
-        return plan
-    acc = resolve(batch=cfg.batch, world=cluster.world, micro_batch=cfg.micro_batch, grad_sync=cfg.grad_sync)
-    if acc.steps == 1:
-        return plan
-    plan = dataclasses.replace(plan, accumulation=acc.steps, grad_sync=acc.grad_sync)
-    return dataclasses.replace(plan, predicted=simulate(scenario_for(plan, profile, cluster)).predicted)
+        return None
+    acc = resolve(batch=cfg.batch, world=world, micro_batch=cfg.micro_batch, grad_sync=cfg.grad_sync)
+    return (acc.steps, acc.grad_sync) if acc.steps > 1 else None
 
 
 def obtain_plan(cfg: TrainConfig, built: Built, *, mesh: DeviceMesh, rank: int) -> Plan:

@@ -59,6 +59,9 @@ def accumulation_worker(ctx, cfg, out: str) -> None:
                                       resume=f"{cfg.run_dir}/mixed-last/checkpoints/step_000002")
     res = train(resumed_cfg, mesh=ctx.mesh, rank=ctx.rank, plan=plans["mixed"])
     results["resumed"] = (list(res.losses), res.start_step)
+    # The trainer's own plan (auto, default budget) priced for the accumulation, and measured.
+    own = dataclasses.replace(cfg, run_dir=f"{cfg.run_dir}/own", steps=1, measure_memory=True, **MODES["last"])
+    results["own"] = train(own, mesh=ctx.mesh, rank=ctx.rank).summary
     if ctx.rank == 0:
         torch.save(results, out)
 
@@ -87,6 +90,9 @@ def test_both_modes_equal_the_unaccumulated_run(tmp_path):
     resumed_losses, start = results["resumed"]
     assert start == 2
     assert resumed_losses == pytest.approx(results["mixed", "last"][0][2:], rel=1e-5)
+    own = results["own"]
+    assert (own["accumulation"], own["grad_sync"]) == (4, "last") and own["budget_exceeded"] is False
+    assert abs(own["predicted_peak_bytes"] / own["measured_peak_bytes"] - 1) < 0.03, own
     # The data position counts global batches, whatever the micro-batch.
     meta = json.loads((tmp_path / "runs/mixed-last/checkpoints/step_000002/meta.json").read_text())
     assert meta["data_position"] == 2 and meta["samples_seen"] == 2 * cfg.batch
