@@ -1,11 +1,16 @@
 """Auto plan vs every baseline over a sweep of memory budgets.
 
-    python bench/bench_auto.py [--budgets 12] [--time-limit 10] [--only multi]
+    python bench/bench_auto.py [--budgets 12] [--time-limit 10] [--only single|multi|batch]
 
 For each model config, budgets run from the least-memory plan's peak ("only
 full_shard fits") to above the replicate baseline's peak ("replicate fits").
 Columns: each baseline's step time relative to auto's (auto / baseline; "-"
 when it does not fit); auto must be <= 1.000 against every fitting baseline.
+
+The batch sweep (issue 18, part 2): for a fixed global batch, the micro-batch, accumulation
+steps and grad-sync mode `plan --global-batch` chooses (`solve.batch`) against micro-batch 1
+(its best mode), both planned by auto under the same budget: step seconds per global batch
+and their ratio (micro-batch 1 / chosen; > 1: the lever pays).
 """
 from __future__ import annotations
 
@@ -101,13 +106,53 @@ def multi_node(key: str, *, count: int, time_limit: float) -> tuple[bool, float]
     return never_worse, best_gain
 
 
+BATCH = {  # name: (preset, world, gpus per node, device, seq, global batch, budget GiB)
+    "gpt2-xl/w8/a100/gb256": ("gpt2-xl", 8, 8, "a100", 1024, 256, 40),
+    "gpt2/w32/v100/gb512": ("gpt2", 32, 8, "v100", 256, 512, 16),
+    "llama-7b/w64/a100/gb512": ("llama-7b", 64, 8, "a100", 2048, 512, 40),
+}
+
+
+def global_batch(key: str, *, time_limit: float) -> float:
+    """The chosen micro-batch against micro-batch 1 for one config; returns the ratio."""
+    from shardsched.solve.batch import plan_global_batch
+    preset, world, gpn, dev, seq, gb, gib = BATCH[key]
+    cl = Cluster(world=world, gpus_per_node=gpn, device=DEVICES[dev])
+
+    def profile_at(m: int):
+        return analytic_profile(PRESETS[preset], micro_batch=m, seq=seq, device=DEVICES[dev])
+    kw = dict(strategy="auto", budget=gib * GiB, precision=Precision.BF16_MIXED, optimizer=Optimizer.ADAM,
+              time_limit=time_limit)
+    t0 = time.perf_counter()
+    best, tried = plan_global_batch(profile_at, cl, global_batch=gb, **kw)
+    one, _ = plan_global_batch(profile_at, cl, global_batch=gb, micro_batch=1, **kw)
+    ratio = one.predicted.step_seconds / best.predicted.step_seconds
+    print(f"{key:26} {gib:>4} {best.micro_batch:>4} x{best.accumulation:<4} {best.grad_sync.value:>5} "
+          f"{best.predicted.step_seconds:9.4f} {best.predicted.peak_bytes / GiB:7.2f}   "
+          f"1 x{one.accumulation:<4} {one.grad_sync.value:>5} {one.predicted.step_seconds:9.4f} "
+          f"{one.predicted.peak_bytes / GiB:7.2f} {ratio:7.3f} {time.perf_counter() - t0:7.1f}")
+    return ratio
+
+
+def batch_sweep(*, time_limit: float) -> None:
+    print("\nglobal batch (issue 18): chosen micro-batch vs micro-batch 1, auto under the budget, bf16-mixed;"
+          " step seconds per global batch")
+    print(f"{'config':26} {'GiB':>4} {'chosen':>12} {'sync':>5} {'step s':>9} {'peak':>7}   {'mb 1':>7} "
+          f"{'sync':>5} {'step s':>9} {'peak':>7} {'1/chosen':>7} {'plan s':>7}")
+    ratios = [global_batch(key, time_limit=time_limit) for key in BATCH]
+    print(f"micro-batch 1 / chosen, step time per global batch: min {min(ratios):.3f}, max {max(ratios):.3f} "
+          f"(>= 1 everywhere: {all(r >= 1 - 1e-9 for r in ratios)})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budgets", type=int, default=12)
     ap.add_argument("--time-limit", type=float, default=10.0)
-    ap.add_argument("--only", choices=["single", "multi"], default=None,
-                    help="only the original sweep, or only the multi-node one")
+    ap.add_argument("--only", choices=["single", "multi", "batch"], default=None,
+                    help="only the original sweep, only the multi-node one, or only the global-batch one")
     args = ap.parse_args()
+    if args.only == "batch":
+        return batch_sweep(time_limit=args.time_limit)
     if args.only != "single":
         results = [multi_node(key, count=args.budgets, time_limit=args.time_limit) for key in MULTI_NODE]
         never_worse, gain = all(r[0] for r in results), max(r[1] for r in results)
@@ -130,6 +175,8 @@ def main() -> None:
             solver = f"{plan.solver.name}/{plan.solver.status[:12]}"
             print(f"{b / GiB:10.2f} {t:9.4f} {cells[0]:>10} {cells[1]:>14} {cells[2]:>11} {best:>10} "
                   f"{solver:>22} {time.perf_counter() - t0:7.2f}")
+    if args.only is None:
+        batch_sweep(time_limit=args.time_limit)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,16 @@ class Strategy(str, enum.Enum):
         return cls("full_shard_node" if word == "full_shard/node" else word)
 
 
+class GradSync(str, enum.Enum):
+    """When gradients are reduced under gradient accumulation (several micro-batches per step)."""
+
+    EVERY = "every"
+    """After every micro-batch (FSDP2's default): sharded gradients accumulate, K reductions."""
+    LAST = "last"
+    """Only after the last micro-batch (`set_requires_gradient_sync(False)` before the others,
+    as torchtitan does): unsharded gradients accumulate, one reduction per step."""
+
+
 class Precision(str, enum.Enum):
     FP32 = "fp32"
     """Everything in fp32: 4-byte params, grads and compute copies."""
@@ -154,7 +164,12 @@ class Plan:
     optimizer: Optimizer = Optimizer.ADAM
     device: str = "cpu"
     micro_batch: int = 1
+    """Rows of one worker's micro-batch (the shape the model was profiled at)."""
     seq: int = 0
+    accumulation: int = 1
+    """Micro-batches per optimizer step on each worker (gradient accumulation; 1: none)."""
+    grad_sync: GradSync = GradSync.EVERY
+    """When gradients are reduced if accumulation > 1 (absent in older plans: every micro-batch)."""
     units: tuple[Unit, ...]
     predicted: Predicted = Predicted()
     solver: SolverInfo = SolverInfo()

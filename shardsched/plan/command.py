@@ -19,7 +19,7 @@ from shardsched.errors import UsageError
 from shardsched.solve.build import make_plan, plan_from_scenario
 from shardsched.plan.schedule import scenario_for
 from shardsched.plan.units import tied_violation
-from shardsched.core.types import Optimizer, Plan, Precision
+from shardsched.core.types import GradSync, Optimizer, Plan, Precision
 from shardsched._flags import (add_headroom_argument, add_layers_argument, check_int, check_positive_float, flag,
                                layers_items, reject_empty_strings)
 from shardsched._paths import atomic_write, check_writable_file
@@ -58,6 +58,15 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a("--time-limit", type=float, default=None,
       help="safety cut-off in seconds for the auto planner (default none): its work limit, not the clock, decides "
            "the plan; a run this cuts short says so in its status and may differ between machines")
+    a("--global-batch", type=int, default=None,
+      help="rows per optimizer step across all workers: the planner also chooses the micro-batch (a divisor of "
+           "global-batch/world, unless --micro-batch is given) and the accumulation steps and --grad-sync mode, "
+           "fastest per global batch under the budget")
+    a("--grad-sync", choices=[g.value for g in GradSync], default=None,
+      help="with --global-batch: reduce gradients after every micro-batch or only the last (default: the planner's choice)")
+    a("--max-batch", action="store_true",
+      help="print the largest micro-batch that fits --memory-budget (default: device memory) under each uniform "
+           "strategy and under auto, then exit")
     a("--json", action="store_true", help="print the plan as JSON instead of tables")
     a("--wide", action="store_true", help="every column and every unit (default: 80 columns, identical units folded)")
     a("--out", default=None, help="also write the plan JSON to this file")
@@ -97,6 +106,11 @@ def check_plan_flags(args: argparse.Namespace) -> None:
     check_int("gpus_per_node", args.gpus_per_node, lo=1, hi=MAX_WORLD)
     check_int("micro_batch", args.micro_batch, lo=1, hi=MAX_WORLD)
     check_int("seq", args.seq, lo=1, hi=MAX_WORLD)
+    check_int("global_batch", getattr(args, "global_batch", None), lo=1, hi=MAX_WORLD)
+    if getattr(args, "global_batch", None) and args.plan:
+        raise UsageError("--global-batch with --plan: the plan already fixed its micro-batch; accepted: one of them")
+    if getattr(args, "grad_sync", None) and not getattr(args, "global_batch", None):
+        raise UsageError(f"--grad-sync {args.grad_sync} needs --global-batch N (accumulation needs a global batch)")
     check_positive_float("time_limit", args.time_limit)
     if args.layers is not None:
         layers_items(args.layers)
@@ -118,6 +132,13 @@ def run_plan(args: argparse.Namespace) -> int:
         given = existing.memory_budget_bytes  # re-evaluated under the budget it was made for
     budget = usable_budget(given, device_memory=cluster.device.memory_bytes,
                            headroom=headroom_for(args.headroom, cluster.device))
+    if getattr(args, "max_batch", False):
+        from shardsched.plan.batch import print_max_batch
+        return print_max_batch(args, spec, cluster, precision, budget.usable)
+    if getattr(args, "global_batch", None):
+        from shardsched.plan.batch import global_batch_plan
+        plan, profile = global_batch_plan(args, spec, cluster, precision, budget.usable if given is not None else None)
+        return _finish(args, stated(plan, budget), profile, cluster, budget, given, spec, args.seq)
     micro_batch, seq = _shape(args, existing)
     profile = _profile(_sized(spec, micro_batch=args.micro_batch, seq=args.seq), micro_batch, seq, args, cluster,
                        precision)
@@ -131,6 +152,13 @@ def run_plan(args: argparse.Namespace) -> int:
         plan = stated(make_plan(profile, cluster, strategy=strategy, precision=precision, optimizer=args.optimizer,
                                 memory_budget_bytes=planned, fuse=not args.no_fuse,
                                 time_limit=args.time_limit or math.inf), budget)
+    return _finish(args, plan, profile, cluster, budget, given, spec, seq)
+
+
+def _finish(args: argparse.Namespace, plan: Plan, profile, cluster: Cluster, budget, given: int | None, spec,
+            seq: int | None) -> int:
+    """Notes, warnings, then the plan written, traced, drawn and printed as the flags say.
+    `budget`: the usable budget (`cost.headroom.usable_budget`); `given`: --memory-budget."""
     # What was set on the model for training (e.g. HF use_cache=False), said in the plan.
     plan = dataclasses.replace(plan, notes=plan.notes + tuple(profile.extra.get("notes", ())))
     if seq is None and spec.seq_note:

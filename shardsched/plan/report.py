@@ -90,7 +90,8 @@ def _folded(rows: list[dict]) -> list[dict]:
 def unit_table(plan: Plan, profile: Profile, cluster: Cluster, *, wide: bool = False) -> Table:
     rows = _unit_rows(plan, profile, cluster)
     columns = WIDE_COLUMNS if wide else NARROW_COLUMNS
-    t = Table(title=f"plan for {plan.model} on {plan.world} x {plan.device}, {shape_words(plan)}: "
+    t = Table(title=f"plan for {plan.model} on {plan.world} x {plan.device}, {shape_words(plan)}"
+                    f"{accumulation_words(plan)}: "
                     f"{plural(len(plan.units), 'unit')}",
               title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=not wide)
     shown = rows if wide else _folded(rows)
@@ -136,6 +137,13 @@ def wrap_name(name: str, width: int) -> str:
 def shape_words(plan: Plan) -> str:
     """What one worker's step holds, as the plan assumed it: "micro-batch 4 x seq 1024"."""
     return f"micro-batch {plan.micro_batch}" + (f" x seq {plan.seq}" if plan.seq else "")
+
+
+def accumulation_words(plan: Plan) -> str:
+    """", 4 accumulated per step (grad sync last)" when the plan accumulates, else ""."""
+    if plan.accumulation <= 1:
+        return ""
+    return f", {plan.accumulation} accumulated per step (grad sync {plan.grad_sync.value})"
 
 
 def plural(n: int, word: str) -> str:

@@ -52,8 +52,9 @@ def scenario_for(plan: Plan, profile: Profile, cluster: Cluster) -> Scenario:
             i = index[name]
             if bwd[i] is not None:
                 bwd[i] = min(bwd[i], 2 * n - 1 - j)
-    return make_scenario(costs, [u.strategy for u in plan.units], fwd, bwd, plan=plan,
-                         profile=profile, cluster=cluster, checkpoint=[u.checkpoint for u in plan.units])
+    sc = make_scenario(costs, [u.strategy for u in plan.units], fwd, bwd, plan=plan,
+                       profile=profile, cluster=cluster, checkpoint=[u.checkpoint for u in plan.units])
+    return dataclasses.replace(sc, accumulation=plan.accumulation, grad_sync=plan.grad_sync)
 
 
 def optimizer_seconds_per_param(sb, cluster: Cluster) -> float:

@@ -55,6 +55,8 @@ def _check_numbers(plan: Plan) -> None:
         raise ValueError(f"world {plan.world} and gpus_per_node {plan.gpus_per_node} must be >= 1")
     if plan.micro_batch < 1:
         raise ValueError(f"micro_batch {plan.micro_batch} must be >= 1")
+    if plan.accumulation < 1:
+        raise ValueError(f"accumulation {plan.accumulation} must be >= 1")
     if plan.seq < 0:
         raise ValueError(f"seq {plan.seq} must be >= 0")
     if plan.memory_budget_bytes is not None and plan.memory_budget_bytes <= 0:

@@ -45,7 +45,9 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from shardsched.cost.strategy import held_after_forward, shard_count
-from shardsched.core.types import MemoryBreakdown, Strategy
+import dataclasses
+
+from shardsched.core.types import GradSync, MemoryBreakdown, Strategy
 from shardsched.sim.scenario import Scenario
 
 
@@ -90,6 +92,32 @@ def holds_root_grad(i: int, n: int) -> bool:
 # retained activations but not next to the unit's gathered parameters and prefetches, as
 # charging it to the unit's own backward did (+7% on an LM at world 64; the issue saw +7..29%
 # on causal LMs at realistic vocabularies).
+
+
+# [Note: accumulation memory]
+# Under gradient accumulation (`train.accum`) the memory of one step is that of its worst
+# micro-batch; from the second on, the gradients of the earlier ones live through the whole
+# forward and backward (torch 2.13, _fully_shard/_fsdp_param_group.py `post_backward`):
+# - GradSync.EVERY: each unit's sharded gradient (reduce-scattered and accumulated in place
+#   in `sharded_param.grad`), of the units not yet reduced in this micro-batch (those reduced
+#   already are counted by `sharded_grads`);
+# - GradSync.LAST (`reduce_grads` False): FSDP2 reduces nothing and keeps every parameter's
+#   unsharded gradient: in the reduce dtype (fp32, `FSDPParam.unsharded_accumulated_grad`,
+#   upcast from bf16 after each backward) or, when there is none, in `unsharded_param.grad`,
+#   where autograd accumulates in place. Unpadded: gradients as autograd produces them. A
+#   non-last micro-batch holds them all (the last has reduced the units behind it, a shard
+#   each, never more).
+# A plan on DDP accumulates in its buckets, already counted whole (`no_sync` or not).
+
+
+def accumulation_bytes(sc: Scenario, live: "_Live", s: int) -> int:
+    """Gradients of earlier micro-batches live at forward/backward step s, beyond what the
+    step's moments count ([Note: accumulation memory]); 0 without accumulation."""
+    if sc.accumulation <= 1 or live.ddp or s >= 2 * sc.n:
+        return 0
+    if sc.grad_sync is GradSync.EVERY:
+        return sum(live.shard) * sc.state.grad - live.sharded_grads(s)
+    return max(0, sum(u.params for u in sc.units) * sc.state.reduce - live.sharded_grads(s))
 
 
 class StepMemory(NamedTuple):
@@ -198,6 +226,8 @@ def step_memory(sc: Scenario) -> list[StepMemory]:
     live, out = _Live(sc), []
     for s in range(2 * sc.n + 1):
         moments = _forward(live, s) if s < sc.n else _backward(live, s) if s < 2 * sc.n else [_optimizer(live)]
+        held = accumulation_bytes(sc, live, s)
+        moments = [dataclasses.replace(m, grads=m.grads + held) for m in moments] if held else moments
         out.append(StepMemory(s, sc.step_name(s), max(moments, key=lambda m: m.total)))
     return out
 

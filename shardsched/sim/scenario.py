@@ -18,7 +18,7 @@ from typing import NamedTuple
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import StateBytes, shard_numel
 from shardsched.cost.strategy import shard_count
-from shardsched.core.types import Strategy
+from shardsched.core.types import GradSync, Strategy
 
 
 class Inner(NamedTuple):
@@ -203,6 +203,10 @@ class Scenario:
     root_tied_numel: int = 0
     """`Profile.root_tied_numel`: the root's tied tensors, whose gradient a DDP backward holds
     throughout (`sim.memory` [Note: plans that run on DDP])."""
+    accumulation: int = 1
+    """Micro-batches per optimizer step (gradient accumulation; the units' costs are one micro-batch's)."""
+    grad_sync: GradSync = GradSync.EVERY
+    """When gradients are reduced under accumulation (`core.types.GradSync`)."""
 
     @property
     def on_ddp(self) -> bool:

@@ -89,8 +89,9 @@ def launches_at(sc: Scenario) -> dict[int, list[tuple[int, int]]]:
     return out
 
 
-def replay(sc: Scenario) -> Timeline:
-    """Event times of one step under the schedule `sc`."""
+def replay(sc: Scenario, *, reduce: bool = True) -> Timeline:
+    """Event times of one step under the schedule `sc` (reduce=False: a micro-batch whose
+    gradients are kept unsharded, `GradSync.LAST`: no reductions)."""
     n, launches = sc.n, launches_at(sc)
     blocking = not sc.cluster.device.overlap
     compute, comm = [], []
@@ -107,7 +108,7 @@ def replay(sc: Scenario) -> Timeline:
             start = max([start] + [c.end for c in comm if c.kind is not Collective.ALL_GATHER])
         prev_end = start + _compute_seconds(sc, s)
         compute.append(ComputeEvent(s, sc.step_name(s), start, prev_end))
-        if n <= s < 2 * n:
+        if n <= s < 2 * n and reduce:
             i = 2 * n - 1 - s
             kind = reduce_kind(sc.strategies[i])
             rs_start = max(channel_free, prev_end)

@@ -36,7 +36,7 @@ class InfeasibleBudget(UsageError):
 
 def auto_search(profile: Profile, cluster: Cluster, *, spec: StrategySpec, precision: Precision,
                 optimizer: Optimizer, budget: int, effort: Effort = Effort(), time_limit: float = math.inf,
-                seeds: tuple[Scored, ...] = ()) -> tuple[Search, list[Scored], list[Problem], dict]:
+                seeds: tuple[Scored, ...] = (), accumulation=None) -> tuple[Search, list[Scored], list[Problem], dict]:
     """The search of `auto_plan` (the sweep calls it directly to pass `seeds` along)."""
     pins = {k: v for k, v in spec.for_layers([layer.name for layer in profile.layers]).items() if v is not None}
     kw = dict(pins=pins, precision=precision, optimizer=optimizer)
@@ -46,6 +46,9 @@ def auto_search(profile: Profile, cluster: Cluster, *, spec: StrategySpec, preci
     # space: partitioning can buy speed too (less sharding fits), and a space that changed
     # with the budget would break monotonicity.
     problems.append(finest_problem(profile, cluster, **kw)._replace(checkpointable=True))
+    if accumulation:  # (K, GradSync): every schedule priced for K micro-batches per step
+        from shardsched.solve.batch import accumulating
+        base, problems = accumulating(base, problems, accumulation)
     problems = with_baseline_groupings(problems, base, pins)
     found = search(problems, budget=budget, base=base, seeds=seeds, effort=effort, time_limit=time_limit)
     if found is None:
@@ -69,13 +72,14 @@ def search_space(problems: list[Problem], effort: Effort, pins: dict) -> dict:
 
 def auto_plan(profile: Profile, cluster: Cluster, *, spec: StrategySpec, precision: Precision,
               optimizer: Optimizer, memory_budget_bytes: int | None, time_limit: float = math.inf,
-              effort: Effort = Effort(), seeds: tuple[Scored, ...] = ()) -> Plan:
+              effort: Effort = Effort(), seeds: tuple[Scored, ...] = (), accumulation=None) -> Plan:
     """The fastest plan that fits `memory_budget_bytes` (default: device memory).
     `time_limit` (seconds) is a safety cut-off only (`solve.search`, [Note: determinism])."""
     t0 = time.perf_counter()
     budget = memory_budget_bytes if memory_budget_bytes is not None else cluster.device.memory_bytes
     found, base, problems, pins = auto_search(profile, cluster, spec=spec, precision=precision, optimizer=optimizer,
-                                              budget=budget, effort=effort, time_limit=time_limit, seeds=seeds)
+                                              budget=budget, effort=effort, time_limit=time_limit, seeds=seeds,
+                                              accumulation=accumulation)
     return plan_of(found, profile, base=base, problems=problems, pins=pins, effort=effort,
                    memory_budget_bytes=memory_budget_bytes, precision=precision, optimizer=optimizer, t0=t0)
 
@@ -96,22 +100,28 @@ def plan_of(found: Search, profile: Profile, *, base: list[Scored], problems: li
                               optimizer=optimizer, notes=tuple(notes))
 
 
-def least_memory_peak(profile: Profile, cluster: Cluster, *, precision: Precision, optimizer: Optimizer) -> int:
-    """Predicted peak of the least-memory plan: full_shard everywhere, no prefetch, smallest units."""
+def least_memory_peak(profile: Profile, cluster: Cluster, *, precision: Precision, optimizer: Optimizer,
+                      accumulation=None) -> int:
+    """Predicted peak of the least-memory plan: full_shard everywhere, no prefetch, smallest units
+    (`accumulation`: (K, GradSync) micro-batches per step, `solve.batch`)."""
     finest = finest_problem(profile, cluster, pins={}, precision=precision, optimizer=optimizer)
+    if accumulation:
+        finest = finest._replace(accumulation=accumulation[0], grad_sync=accumulation[1])
     return max(m.total for m in step_memory(finest.scenario(least_memory(finest._replace(checkpointable=True)))))
 
 
-def default_budget(profile: Profile, cluster: Cluster, *, precision: Precision, optimizer: Optimizer) -> int:
+def default_budget(profile: Profile, cluster: Cluster, *, precision: Precision, optimizer: Optimizer,
+                   accumulation=None) -> int:
     """Midway between the least-memory plan and the least memory shard_grad_op
     everywhere can take (no prefetch): neither replicate nor shard_grad_op fits
     everywhere, so some units must be fully sharded while others need not be,
     and the plan shows the trade-off (the budget of `shardsched train`'s default)."""
     from shardsched.solve.build import make_plan
 
-    least = least_memory_peak(profile, cluster, precision=precision, optimizer=optimizer)
+    least = least_memory_peak(profile, cluster, precision=precision, optimizer=optimizer, accumulation=accumulation)
     sgo = min(make_plan(profile, cluster, strategy="shard_grad_op", precision=precision, optimizer=optimizer,
-                        prefetch_ahead=0, fuse=fuse).predicted.peak_bytes for fuse in (True, False))
+                        prefetch_ahead=0, fuse=fuse, accumulation=accumulation).predicted.peak_bytes
+              for fuse in (True, False))
     return least + max(0, sgo - least) // 2
 
 

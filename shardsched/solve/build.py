@@ -6,13 +6,14 @@ FSDP2's default one-ahead prefetch). "auto" is delegated to the MILP planner
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
 from shardsched.cost.device import Cluster
 from shardsched.plan.schedule import make_scenario, units_with_schedule
 from shardsched.plan.spec import parse_strategy_spec
-from shardsched.core.types import Optimizer, Plan, Precision, SolverInfo, Strategy
+from shardsched.core.types import GradSync, Optimizer, Plan, Precision, SolverInfo, Strategy
 from shardsched.plan.units import ROOT, group_layers, layer_strategies, unit_cost
 from shardsched.profile.types import Profile
 from shardsched.sim.scenario import Scenario, default_launch
@@ -23,15 +24,18 @@ from shardsched.solve.candidates import block_params
 def make_plan(profile: Profile, cluster: Cluster, *, strategy: str = "full_shard",
               precision: str | Precision = Precision.FP32, optimizer: str | Optimizer = Optimizer.ADAM,
               memory_budget_bytes: int | None = None, fuse: bool = True,
-              prefetch_ahead: int = 1, time_limit: float = math.inf) -> Plan:
+              prefetch_ahead: int = 1, time_limit: float = math.inf,
+              accumulation: tuple[int, GradSync] | None = None) -> Plan:
     """The plan for `strategy` (see `plan.spec`); "auto" needs a memory budget.
-    `time_limit` only cuts the auto planner short (its answer never depends on it otherwise)."""
+    `time_limit` only cuts the auto planner short (its answer never depends on it otherwise).
+    `accumulation`: (micro-batches per step, GradSync), priced in memory and time (`solve.batch`)."""
     precision, optimizer = Precision(precision), Optimizer(optimizer)
     spec = parse_strategy_spec(strategy)
     if spec.auto:
         from shardsched.solve.auto import auto_plan  # the MILP is heavier: import on demand
         return auto_plan(profile, cluster, spec=spec, precision=precision, optimizer=optimizer,
-                         memory_budget_bytes=memory_budget_bytes, time_limit=time_limit)
+                         memory_budget_bytes=memory_budget_bytes, time_limit=time_limit,
+                         accumulation=accumulation)
     t0 = time.perf_counter()
     names = [layer.name for layer in profile.layers]
     per_layer, ckpt = spec.for_layers(names), spec.checkpointed(names)
@@ -44,6 +48,8 @@ def make_plan(profile: Profile, cluster: Cluster, *, strategy: str = "full_shard
     fwd, bwd = default_launch(tuple(strats), ahead=prefetch_ahead)
     sc = make_scenario(costs, strats, fwd, bwd, profile=profile, cluster=cluster,
                        precision=precision, optimizer=optimizer, checkpoint=[keys[g[0]][1] for g in groups])
+    if accumulation:
+        sc = dataclasses.replace(sc, accumulation=accumulation[0], grad_sync=accumulation[1])
     solver = SolverInfo(name="uniform" if not spec.overrides else "manual", status="given",
                         seconds=time.perf_counter() - t0)
     return plan_from_scenario(sc, profile=profile, memory_budget_bytes=memory_budget_bytes,
@@ -60,6 +66,7 @@ def plan_from_scenario(sc: Scenario, *, profile: Profile, memory_budget_bytes: i
                 gpus_per_node=sc.cluster.gpus_per_node, memory_budget_bytes=memory_budget_bytes,
                 precision=precision, optimizer=optimizer, device=sc.cluster.device.name,
                 micro_batch=profile.micro_batch, seq=profile.seq, units=units_with_schedule(sc),
+                accumulation=sc.accumulation, grad_sync=sc.grad_sync,
                 predicted=pred, solver=solver, notes=notes)
 
 

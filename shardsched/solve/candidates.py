@@ -17,6 +17,7 @@ wins. Candidates (DESIGN.md, "Vocabulary": fusion and partitioning):
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import NamedTuple
 
@@ -25,7 +26,7 @@ from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
 from shardsched.cost.strategy import strategies_for
 from shardsched.plan.schedule import make_scenario
-from shardsched.core.types import Optimizer, Precision, Strategy
+from shardsched.core.types import GradSync, Optimizer, Precision, Strategy
 from shardsched.plan.units import ROOT, root_strategy, unit_cost
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.sim.scenario import Scenario, UnitCost
@@ -56,6 +57,10 @@ class Problem(NamedTuple):
     optimizer: Optimizer
     checkpointable: bool = False
     """Whether solvers may checkpoint units (a binary per unit, beside its strategy)."""
+    accumulation: int = 1
+    """Micro-batches per optimizer step (`Scenario.accumulation`)."""
+    grad_sync: GradSync = GradSync.EVERY
+    """When gradients are reduced under accumulation (`Scenario.grad_sync`)."""
 
     @property
     def n(self) -> int:
@@ -70,9 +75,12 @@ class Problem(NamedTuple):
         return tuple(self._replace(checkpointable=True).can_checkpoint(i) for i in range(self.n))
 
     def scenario(self, choice: Choice) -> Scenario:
-        return make_scenario(list(self.costs), list(choice.strategies), choice.fwd, choice.bwd,
-                             profile=self.profile, cluster=self.cluster,
-                             precision=self.precision, optimizer=self.optimizer, checkpoint=choice.ckpt)
+        sc = make_scenario(list(self.costs), list(choice.strategies), choice.fwd, choice.bwd,
+                           profile=self.profile, cluster=self.cluster,
+                           precision=self.precision, optimizer=self.optimizer, checkpoint=choice.ckpt)
+        if self.accumulation == 1:
+            return sc
+        return dataclasses.replace(sc, accumulation=self.accumulation, grad_sync=self.grad_sync)
 
 
 def _with_residual(layer: LayerProfile) -> list[LayerProfile]:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardsched.core.types import GradSync
+from shardsched.cost.memory import state_bytes
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad
 from shardsched.solve.milp import FS, FSN, HS, HSGO, REP, SGO, costs_of
@@ -91,7 +93,7 @@ class Evaluator:
         for s in range(n, 2 * n):
             out.append(self._backward(ch, s, pers, U, G, inc, exc, unsh, rs, held))
         out.append(pers + G[0] + int(c.opt_factor * shard.sum() * sb.param))
-        return out
+        return with_accumulation(self.p, G, out)
 
     def _backward(self, ch, s, pers, U, G, inc, exc, unsh, rs, held) -> float:
         c, n = self.c, self.p.n
@@ -115,6 +117,21 @@ class Evaluator:
         if ch.strategies[i].gathers_for_backward:  # copy-out, its post-forward slice still live
             m = max(m, 2 * u + held[i] + self.act[i + 1] + held_rs + exc[s])
         return base + m
+
+
+def with_accumulation(p: Problem, G: np.ndarray, moments: list[float]) -> list[float]:
+    """The moments of every compute step plus the gradients of earlier micro-batches
+    (`sim.memory.accumulation_bytes`, [Note: accumulation memory]); G[i]: reduced gradients of
+    units i.. (the moments count G[i+1] in unit i's backward, nothing in forward)."""
+    if p.accumulation <= 1:
+        return moments
+    n = p.n
+    counted = np.concatenate([np.zeros(n), G[1:][::-1], [0.0]])  # forward, backward of n-1 .. 0, optimizer
+    held = G[0] if p.grad_sync is GradSync.EVERY else sum(u.params for u in p.costs) * state_bytes(
+        p.precision, p.optimizer).reduce
+    extra = held - counted
+    extra[-1] = 0.0
+    return list(np.array(moments) + extra)
 
 
 def fewer_gathers(ev: Evaluator, ch: Choice) -> Choice:

@@ -61,7 +61,7 @@ from shardsched.cost.strategy import gather_seconds, held_after_forward, reduce_
 from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad, root_grad_bytes
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.plan.schedule import optimizer_seconds_per_param
-from shardsched.core.types import Strategy
+from shardsched.core.types import GradSync, Strategy
 
 FS, SGO, REP = Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP, Strategy.REPLICATE
 FSN, HS, HSGO = Strategy.FULL_SHARD_NODE, Strategy.HYBRID_SHARD, Strategy.HYBRID_SHARD_GRAD_OP
@@ -538,7 +538,8 @@ class _Build:
             own = self.zexpr(i, {k: ((2 * c.unsh_by[i][k] + c.held[i][k]) * g if k.gathers_for_backward else 0.0)
                                  for k in self.z[i]})
             terms = _add(_add(_add(_add(live, a1), self._pending(s, inclusive=False)), held_rs), own)
-            const = k1 + inp * g
+            more, extra = self._accumulation(s)
+            terms, const = _add(terms, more), k1 + inp * g + extra
             big = self._bytes_bound() * g  # more than any moment can hold
             self.m.row(_add(terms, {v: big for v in gate}), hi=cap - const + big)
             self.mem_rows.append((s, terms, const, tuple(gate)))
@@ -563,7 +564,21 @@ class _Build:
         return (sum(sh[REP] for sh in c.shard) * c.state.at_rest + 3 * sum(c.unsharded) + sum(c.act)
                 + max(c.ws) + max(c.rsbuf) + max(c.ugrad) + c.input_bytes)
 
+    def _accumulation(self, s: int) -> tuple[dict, float]:
+        """The gradients of earlier micro-batches at step s (`sim.memory.accumulation_bytes`):
+        all units' reduced gradients (every) or unsharded ones (last), less what the
+        moments of step s count already (G[i+1] in unit i's backward)."""
+        n, p = self.n, self.p
+        if p.accumulation <= 1 or s >= 2 * n:
+            return {}, 0.0
+        counted = {self.G[2 * n - s]: -1.0} if s >= n else {}  # G[i+1], i = 2n-1-s
+        if p.grad_sync is GradSync.EVERY:
+            return _add({self.G[0]: 1.0}, counted), 0.0
+        return counted, sum(u.params for u in p.costs) * self.c.state.reduce / GiB
+
     def _mem(self, s: int, terms: dict, const: float, cap: float) -> None:
+        more, extra = self._accumulation(s)  # [Note: accumulation memory] in sim/memory.py
+        terms, const = _add(terms, more), const + extra
         self.m.row(terms, hi=cap - const)  # terms + const <= cap
         self.mem_rows.append((s, terms, const, None))
 

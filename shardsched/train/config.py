@@ -39,7 +39,15 @@ class TrainConfig:
     resume: str | None = None
     """Run directory or checkpoint directory to continue from."""
     batch: int = 8
-    """Global batch in sequences; must be divisible by the number of workers."""
+    """Global batch in sequences (`--batch`, `--global-batch`): rows of one optimizer step
+    across all workers; must be divisible by workers x micro-batch."""
+    micro_batch: int | None = None
+    """Rows per worker per micro-batch (`--micro-batch`); the step accumulates
+    batch / (workers x micro_batch) of them (`train.accum`). None: the plan's when it
+    accumulates, else batch / workers (no accumulation)."""
+    grad_sync: str | None = None
+    """`--grad-sync`: "every" reduces gradients after every micro-batch, "last" only after
+    the last (`core.types.GradSync`); None: the plan's (FSDP2's default, "every", without one)."""
     seq: int = 128
     """Tokens per sequence."""
     lr: float = 3e-3
@@ -77,6 +85,11 @@ def model_config(spec: str, *, seq: int) -> GPTConfig:
     if cfg.vocab < 256:
         raise UsageError(f"--model {spec}: vocab {cfg.vocab} < 256 cannot hold byte-level text")
     return dataclasses.replace(cfg, seq=seq) if cfg.learned_pos else cfg
+
+
+def worker_rows(cfg: TrainConfig, *, world: int) -> int:
+    """Rows of the micro-batch one worker runs at a time (what is profiled and traced)."""
+    return cfg.micro_batch or max(1, cfg.batch // world)
 
 
 def build_model(cfg: TrainConfig, *, world: int = 1) -> torch.nn.Module:

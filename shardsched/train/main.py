@@ -47,7 +47,14 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     a("--run-dir", default=None, help="output directory (default runs/<timestamp>; with --resume: that run)")
     a("--checkpoint-every", type=int, default=None, help="save a checkpoint every N steps (default 0: never)")
     a("--resume", default=None, metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest usable checkpoint")
-    a("--batch", type=int, default=None, help="global batch in sequences (default 8)")
+    a("--batch", "--global-batch", dest="batch", type=int, default=None,
+      help="global batch in sequences: rows of one optimizer step across all workers (default 8)")
+    a("--micro-batch", type=int, default=None,
+      help="rows per worker per micro-batch; each step accumulates global-batch / (workers x micro-batch) of them "
+           "(default: the plan's, else global-batch / workers: no accumulation)")
+    a("--grad-sync", choices=["every", "last"], default=None,
+      help="with accumulation, reduce gradients after every micro-batch (less memory) or only after the last "
+           "(less communication); default: the plan's, else every")
     a("--seq", type=int, default=None, help="tokens per sequence (default 128)")
     a("--lr", type=float, default=None, help="peak AdamW learning rate (default 3e-3)")
     a("--eval-every", type=int, default=None, help="validation loss every N steps (default 100; 0: never)")
@@ -63,7 +70,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 # Flags a resumed run takes from the saved config.json unless given again.
 _FROM_SAVED = ("steps", "seed", "model", "data", "batch", "seq", "lr", "eval_every", "checkpoint_every", "precision",
-               "cluster", "layers", "headroom")
+               "cluster", "layers", "headroom", "micro_batch", "grad_sync")
 _DEFAULTS = {"steps": DEFAULT_STEPS, "seed": 0, "model": "tiny", "batch": 8, "seq": 128, "lr": 3e-3,
              "eval_every": 100, "checkpoint_every": 0, "precision": "fp32"}
 

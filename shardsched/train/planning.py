@@ -78,8 +78,8 @@ def local_profile(cfg: TrainConfig, built: Built, *, world: int, device: DeviceS
         from shardsched.profile.layers import SPEC_ATTR
         setattr(built.model, SPEC_ATTR, cfg.layers)
     elif config is not None and not cfg.cluster:
-        from shardsched.train.config import model_config
-        return analytic_profile(model_config(cfg.model, seq=cfg.seq), micro_batch=max(1, cfg.batch // world),
+        from shardsched.train.config import model_config, worker_rows
+        return analytic_profile(model_config(cfg.model, seq=cfg.seq), micro_batch=worker_rows(cfg, world=world),
                                 seq=cfg.seq, device=device, compute_dtype=dtype, name=cfg.model)
     return trace_profile(built.model, built.example_inputs, name=cfg.model, device=device, compute_dtype=dtype)
 
@@ -102,9 +102,10 @@ def make_local_plan(cfg: TrainConfig, built: Built, *, world: int, profile: Prof
     budget = usable_budget(cfg.memory_budget_bytes, device_memory=device.memory_bytes,
                            headroom=headroom_for(cfg.headroom, device))
     notes = ()
+    acc = local_accumulation(cfg, world=world)
     if cfg.strategy in (None, "auto") and cfg.memory_budget_bytes is None:
         # Computed from the model in usable bytes: no headroom comes off it.
-        default = default_budget(profile, cluster, precision=precision, optimizer=Optimizer.ADAM)
+        default = default_budget(profile, cluster, precision=precision, optimizer=Optimizer.ADAM, accumulation=acc)
         budget = Budget(given=default, headroom_bytes=0, usable=default)
         from shardsched._fmt import fmt_bytes
         notes = (f"default memory budget {fmt_bytes(default)}: midway between the least-memory plan and "
@@ -113,9 +114,21 @@ def make_local_plan(cfg: TrainConfig, built: Built, *, world: int, profile: Prof
     strategy = cfg.strategy or "auto"
     planned = budget.usable if budget.given is not None or parse_strategy_spec(strategy).auto else None
     plan = stated(make_plan(profile, cluster, strategy=strategy, precision=precision,
-                            optimizer="adam", memory_budget_bytes=planned), budget)
+                            optimizer="adam", memory_budget_bytes=planned, accumulation=acc), budget)
     # What was set on the model for training (models.hf.training_defaults), said in the plan.
     return dataclasses.replace(plan, notes=plan.notes + notes + tuple(profile.extra.get("notes", ())))
+
+
+def local_accumulation(cfg: TrainConfig, *, world: int):
+    """(K, GradSync) of this run's `--micro-batch` / `--grad-sync` for the planner to price
+    (`solve.batch`: memory of the accumulated gradients, K passes per step); None without
+    accumulation (a `python:` model sizes its own inputs)."""
+    from shardsched.train.accum import resolve
+    from shardsched.train.validate import user_sized
+    if user_sized(cfg.model):
+        return None
+    acc = resolve(batch=cfg.batch, world=world, micro_batch=cfg.micro_batch, grad_sync=cfg.grad_sync)
+    return (acc.steps, acc.grad_sync) if acc.steps > 1 else None
 
 
 def obtain_plan(cfg: TrainConfig, built: Built, *, mesh: DeviceMesh, rank: int) -> Plan:

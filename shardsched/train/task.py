@@ -105,7 +105,8 @@ def _build_text_lm(cfg: TrainConfig, spec, *, world: int) -> Built:
         vocab = vocab_size(model)
         if vocab is not None and vocab < 256:
             raise UsageError(f"--model {cfg.model}: vocabulary {vocab} < 256 cannot hold byte-level text")
-    idx = torch.zeros(max(1, cfg.batch // world), cfg.seq, dtype=torch.long)
+    from shardsched.train.config import worker_rows
+    idx = torch.zeros(worker_rows(cfg, world=world), cfg.seq, dtype=torch.long)  # one micro-batch
     return Built(model=model, example_inputs=(idx, idx.clone()), batch_fn=None, text_lm=True)
 
 

@@ -27,9 +27,10 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from shardsched._fmt import fmt_bytes
 from shardsched.errors import UsageError
-from shardsched.core.types import Plan
+from shardsched.core.types import GradSync, Plan
 from shardsched.train import checkpoint as ckpt
 from shardsched.train import interrupt
+from shardsched.train.accum import Accumulation, forward_backward, split_micro_batches
 from shardsched.train.config import TrainConfig
 from shardsched.train.task import Task, build, check_loss, make_task, to_device
 from shardsched.train.planning import obtain_plan, share_from_rank0
@@ -87,6 +88,7 @@ class _Run:
     opt: torch.optim.Optimizer
     task: Task
     plan: Plan
+    accum: Accumulation
     losses: list = field(default_factory=list)
     step_seconds: list = field(default_factory=list)
 
@@ -112,15 +114,22 @@ def _maybe_fail(rank: int, step: int) -> None:
     raise RuntimeError(f"test failure injected at step {step}")
 
 
+def _micro_batches(run: _Run, step: int) -> list[tuple]:
+    """This worker's rows of global batch `step`, as the run's micro-batches (train.accum)."""
+    inputs = run.task.train_batch(step, run.rank, run.mesh.size())
+    return [to_device(m, run.device) for m in split_micro_batches(inputs, run.accum.steps)]
+
+
 def _train_step(run: _Run, step: int) -> float:
-    """One optimizer step on global batch `step`; returns the mean loss over workers."""
-    cfg, world = run.cfg, run.mesh.size()
-    inputs = to_device(run.task.train_batch(step, run.rank, world), run.device)
+    """One optimizer step on global batch `step` (accumulated over the run's micro-batches);
+    returns the mean loss over workers."""
+    cfg = run.cfg
+    micro = _micro_batches(run, step)
     for group in run.opt.param_groups:
         group["lr"] = lr_at(step, steps=cfg.steps, lr=cfg.lr, warmup=cfg.warmup)
     _maybe_fail(run.rank, step + 1)
-    loss = check_loss(run.model(*inputs), cfg.model)
-    loss.backward()
+    loss = forward_backward(run.model, micro, grad_sync=run.accum.grad_sync,
+                            loss_of=lambda out: check_loss(out, cfg.model))
     run.opt.step()
     run.opt.zero_grad(set_to_none=True)
     return _mean_over_workers(loss, run.mesh)
@@ -188,7 +197,8 @@ def _run_steps(run: _Run, steps: range, *, progress: Progress) -> None:
 def _save(run: _Run, step: int) -> None:
     ckpt.save_checkpoint(run.cfg.run_dir, step=step, model=run.model, optimizer=run.opt,
                          mesh=run.mesh, rank=run.rank,
-                         meta={"data_position": step, "world": run.mesh.size(),
+                         meta={"data_position": step, "samples_seen": step * run.cfg.batch,
+                               "world": run.mesh.size(),
                                "config": dataclasses.asdict(run.cfg)})
 
 
@@ -204,13 +214,14 @@ def _measure_cpu_peak(run: _Run) -> int | None:
     cfg, world = run.cfg, run.mesh.size()
     model = parallelize(build(cfg, world=world).model, run.plan, mesh=run.mesh)
     opt = build_optimizer(model, cfg)
-    batches = [run.task.train_batch(s, run.rank, world) for s in range(MEASURED_STEPS)]
+    batches = [split_micro_batches(run.task.train_batch(s, run.rank, world), run.accum.steps)
+               for s in range(MEASURED_STEPS)]
 
-    def step(i: int) -> None:
-        model(*batches[i]).backward()
+    def step(i: int) -> None:  # the training step's arithmetic, accumulation included
+        forward_backward(model, batches[i], grad_sync=run.accum.grad_sync)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return tracked_peak_bytes(model, opt, step, steps=MEASURED_STEPS, inputs=batches[0])["Total"]
+    return tracked_peak_bytes(model, opt, step, steps=MEASURED_STEPS, inputs=batches[0][0])["Total"]
 
 
 def _measure_cpu_peak_or_warn(run: _Run) -> int | None:
@@ -289,7 +300,20 @@ def _setup(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.devic
     parallelize(model, plan, mesh=mesh)
     # The optimizer sees the sharded parameters (DTensors), so its state is sharded too.
     opt = build_optimizer(model, cfg)
-    return _Run(cfg=cfg, mesh=mesh, rank=rank, device=device, model=model, opt=opt, task=task, plan=plan)
+    accum = run_accumulation(cfg, task, plan, world=mesh.size())
+    return _Run(cfg=cfg, mesh=mesh, rank=rank, device=device, model=model, opt=opt, task=task, plan=plan,
+                accum=accum)
+
+
+def run_accumulation(cfg: TrainConfig, task: Task, plan: Plan, *, world: int) -> Accumulation:
+    """Micro-batches per step: the flags or the plan's choice (train.accum.resolve) for
+    models whose rows are the global batch (text, hf: vision); a user's batch_fn sizes its
+    own inputs, so it runs them as one micro-batch."""
+    from shardsched.train.accum import resolve
+    from shardsched.train.validate import user_sized
+    if user_sized(cfg.model):
+        return resolve(batch=world, world=world, micro_batch=None, grad_sync=cfg.grad_sync)
+    return resolve(batch=cfg.batch, world=world, micro_batch=cfg.micro_batch, grad_sync=cfg.grad_sync, plan=plan)
 
 
 def train(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.device | None = None,
@@ -340,10 +364,18 @@ def _shape_words(run: _Run) -> str:
     """The micro-batch (and sequence) each worker trains on; the plan's assumption too
     when it differs (a --plan made for another shape predicts another memory)."""
     from shardsched.plan.report import shape_words
-    t, plan = run.task, run.plan
-    words = f"micro-batch {t.micro_batch}" + (f" x seq {t.seq}" if t.seq else "")
+    t, plan, acc = run.task, run.plan, run.accum
+    rows = acc.micro_batch if acc.steps > 1 else t.micro_batch
+    words = f"micro-batch {rows}" + (f" x seq {t.seq}" if t.seq else "")
     assumed = shape_words(plan)
-    return words if assumed == words else f"{words} (the plan assumed {assumed})"
+    words = words if assumed == words else f"{words} (the plan assumed {assumed})"
+    if acc.steps > 1:
+        words += f", {acc.steps} accumulated per step (gradients reduced {_sync_words(acc)})"
+    return words
+
+
+def _sync_words(acc: Accumulation) -> str:
+    return "after every micro-batch" if acc.grad_sync is GradSync.EVERY else "after the last micro-batch"
 
 
 def _plan_words(plan: Plan) -> str:
@@ -370,6 +402,8 @@ def _summary(run: _Run, start: int, peaks: list) -> dict:
         "last_val_loss": next((r["val_loss"] for r in reversed(rows) if "val_loss" in r), None),
         "steps": cfg.steps, "start_step": start, "world": run.mesh.size(), "model": cfg.model,
         "batch": cfg.batch, "seq": cfg.seq,
+        "micro_batch": run.accum.micro_batch if run.accum.steps > 1 else run.task.micro_batch,
+        "accumulation": run.accum.steps, "grad_sync": run.accum.grad_sync.value,
         "measured_peak_bytes": max(known) if known else None,
         "measured_peak_bytes_per_worker": peaks,
         "predicted_peak_bytes": plan.predicted.peak_bytes,

@@ -25,7 +25,8 @@ MAX_SIZE = 1 << 20
 """Upper bound on --batch, --seq and --nproc: far above what one run can hold."""
 MAX_LR = 1e3
 _CONFIG_TYPES = {"steps": int, "seed": int, "model": str, "data": (str, type(None)), "batch": int, "seq": int,
-                 "lr": (int, float), "eval_every": int, "checkpoint_every": int, "precision": str}
+                 "lr": (int, float), "eval_every": int, "checkpoint_every": int, "precision": str,
+                 "micro_batch": (int, type(None)), "grad_sync": (str, type(None))}
 _PRECISIONS = ("fp32", "bf16-mixed")
 
 
@@ -45,11 +46,18 @@ def check_user_model_shape(args: argparse.Namespace) -> None:
     batch, so the flags would change nothing; refused in one line rather than ignored.
     Called once the function itself passed its checks (a wrong function is the first thing to say)."""
     model = getattr(args, "model", None) or ""
-    given = [f"--{k} {getattr(args, k)}" for k in ("batch", "seq") if getattr(args, k, None) is not None]
-    if model.startswith("python:") and given and not getattr(args, "sync", None):
+    given = [f"--{k.replace('_', '-')} {getattr(args, k)}" for k in ("batch", "seq", "micro_batch")
+             if getattr(args, k, None) is not None]
+    if user_sized(model) and given and not getattr(args, "sync", None):
         raise UsageError(f"{' '.join(given)}: {model} makes its own inputs (example_inputs, batch_fn), so "
                          f"{'they' if len(given) > 1 else 'it'} would change nothing; accepted: leave "
                          f"{'them' if len(given) > 1 else 'it'} out, size the inputs in your function")
+
+
+def user_sized(model: str) -> bool:
+    """A `python:` model: its example inputs and batch_fn size every batch (no --batch,
+    --seq or --micro-batch applies)."""
+    return (model or "").startswith("python:")
 
 
 def run_dir_of(resume: str) -> Path:
@@ -99,6 +107,8 @@ def check_config(cfg: TrainConfig) -> None:
     check_int("seed", cfg.seed, lo=0, hi=MAX_SEED)
     check_int("batch", cfg.batch, lo=1, hi=MAX_SIZE)
     check_int("seq", cfg.seq, lo=1, hi=MAX_SIZE)
+    if cfg.micro_batch is not None:
+        check_int("micro_batch", cfg.micro_batch, lo=1, hi=MAX_SIZE)
     check_int("checkpoint_every", cfg.checkpoint_every, lo=0, hi=MAX_STEPS)
     check_int("eval_every", cfg.eval_every, lo=0, hi=MAX_STEPS)
     if cfg.gpus_per_node is not None:
@@ -126,8 +136,8 @@ def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
     if cfg.layers is not None:
         from shardsched.profile.layers import resolve_spec
         resolve_spec(built.model, cfg.layers)  # every --layers item names a module of this model
-    if cfg.plan:
-        load_plan(cfg.plan, model=built.model, world=world)
+    plan = load_plan(cfg.plan, model=built.model, world=world) if cfg.plan else None
+    check_accumulation(cfg, plan, world=world)
     if cfg.resume:
         found = ckpt.find_checkpoint(cfg.resume, log=lambda m: print(m, file=sys.stderr))
         cfg = dataclasses.replace(cfg, resume=str(found))
@@ -138,6 +148,14 @@ def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
     for note in task.notes:  # only once the input is good: an error stays one line
         print(f"note: {note}", file=sys.stderr)
     return cfg
+
+
+def check_accumulation(cfg: TrainConfig, plan, *, world: int) -> None:
+    """The global batch splits into workers x micro-batches (with --plan: the plan's choice)."""
+    from shardsched.train.accum import resolve
+    if user_sized(cfg.model):
+        return
+    resolve(batch=cfg.batch, world=world, micro_batch=cfg.micro_batch, grad_sync=cfg.grad_sync, plan=plan)
 
 
 def check_run_dir_is_free(cfg: TrainConfig) -> None:

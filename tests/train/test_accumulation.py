@@ -1,0 +1,141 @@
+"""Gradient accumulation on 2 gloo workers: both modes train like the unaccumulated run.
+
+Global batch 8 on 2 workers is 4 rows per worker; micro-batch 1 makes K=4 micro-batches
+per step, each loss scaled by 1/K. With gradients reduced every micro-batch (FSDP2's
+default) or only after the last (`set_requires_gradient_sync(False)`; DDP's `no_sync`
+on the all-replicate plan), losses and parameters equal the unaccumulated run of the
+same plan to 1e-5; a run resumed from a checkpoint taken mid-way continues exactly.
+"""
+import dataclasses
+import json
+
+import pytest
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from shardsched.cli import main
+from shardsched.train.config import build_model
+from shardsched.train.launcher import launch
+from shardsched.train.trainer import train
+
+from ._helpers import TINY, mixed_plan, tiny_config, uniform_plan
+from .test_parity import update_error
+
+STEPS = 4
+MODES = {"none": dict(micro_batch=None, grad_sync=None), "every": dict(micro_batch=1, grad_sync="every"),
+         "last": dict(micro_batch=1, grad_sync="last")}
+
+
+def first_step_grads(cfg, plan, mesh, rank: int, mode: str) -> dict[str, torch.Tensor]:
+    """The summed gradient of step 0 under `mode`, whole (gathered), before any optimizer
+    step: Adam is nearly blind to a gradient's scale, so a wrong 1/K shows only here."""
+    from shardsched.runtime.parallelize import parallelize
+    from shardsched.train.accum import forward_backward, resolve, split_micro_batches
+    from shardsched.train.task import build, make_task
+    built = build(cfg, world=mesh.size())
+    task = make_task(cfg, built, world=mesh.size())
+    model = parallelize(built.model, plan, mesh=mesh)
+    acc = resolve(batch=cfg.batch, world=mesh.size(), **MODES[mode])
+    forward_backward(model, split_micro_batches(task.train_batch(0, rank, mesh.size()), acc.steps),
+                     grad_sync=acc.grad_sync)
+    return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+            for n, p in model.named_parameters()}
+
+
+def accumulation_worker(ctx, cfg, out: str) -> None:
+    torch.set_num_threads(1)
+    plans = {"mixed": mixed_plan(cfg, world=ctx.world), "ddp": uniform_plan(cfg, world=ctx.world, strategy="replicate")}
+    results = {"grads": {(label, mode): first_step_grads(cfg, plan, ctx.mesh, ctx.rank, mode)
+                         for label, plan in plans.items() for mode in MODES}}
+    for label, plan in plans.items():
+        for mode, kw in MODES.items():
+            run_cfg = dataclasses.replace(cfg, run_dir=f"{cfg.run_dir}/{label}-{mode}", **kw,
+                                          checkpoint_every=2 if (label, mode) == ("mixed", "last") else 0)
+            res = train(run_cfg, mesh=ctx.mesh, rank=ctx.rank, plan=plan)
+            full = get_model_state_dict(res.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            results[label, mode] = (list(res.losses), full, res.summary)
+    # Resumed from the checkpoint at step 2 of the "last" run: steps 3-4 again.
+    resumed_cfg = dataclasses.replace(cfg, run_dir=f"{cfg.run_dir}/mixed-last", **MODES["last"],
+                                      resume=f"{cfg.run_dir}/mixed-last/checkpoints/step_000002")
+    res = train(resumed_cfg, mesh=ctx.mesh, rank=ctx.rank, plan=plans["mixed"])
+    results["resumed"] = (list(res.losses), res.start_step)
+    # The trainer's own plan (auto, default budget) priced for the accumulation, and measured.
+    own = dataclasses.replace(cfg, run_dir=f"{cfg.run_dir}/own", steps=1, measure_memory=True, **MODES["last"])
+    results["own"] = train(own, mesh=ctx.mesh, rank=ctx.rank).summary
+    if ctx.rank == 0:
+        torch.save(results, out)
+
+
+def test_both_modes_equal_the_unaccumulated_run(tmp_path):
+    cfg = tiny_config(str(tmp_path / "runs"), steps=STEPS)
+    out = tmp_path / "results.pt"
+    launch(accumulation_worker, nproc=2, args=(cfg, str(out)))
+    results = torch.load(out, weights_only=False)
+    init = build_model(cfg).state_dict()
+    for label in ("mixed", "ddp"):
+        base_losses, base_params, base_summary = results[label, "none"]
+        assert base_summary["accumulation"] == 1 and base_summary["micro_batch"] == 4
+        for mode in ("every", "last"):
+            losses, params, summary = results[label, mode]
+            assert (summary["accumulation"], summary["micro_batch"], summary["grad_sync"]) == (4, 1, mode)
+            assert losses == pytest.approx(base_losses, rel=1e-5), (label, mode)
+            # Step 0's gradients: the same to 1e-5 (1/K applied, reduced once or K times).
+            for name, want in results["grads"][label, "none"].items():
+                got = results["grads"][label, mode][name]
+                assert ((got - want).norm() / want.norm()).item() < 1e-5, (label, mode, name)
+            for name, want in base_params.items():
+                # The distance moved: K means of one row sum in another order than one mean of
+                # 4 rows, and Adam scales near-zero gradients up (as test_parity's full batch).
+                assert update_error(name, params[name], want, init[name]) < 1e-4, (label, mode, name)
+    resumed_losses, start = results["resumed"]
+    assert start == 2
+    assert resumed_losses == pytest.approx(results["mixed", "last"][0][2:], rel=1e-5)
+    own = results["own"]
+    assert (own["accumulation"], own["grad_sync"]) == (4, "last") and own["budget_exceeded"] is False
+    assert abs(own["predicted_peak_bytes"] / own["measured_peak_bytes"] - 1) < 0.03, own
+    # The data position counts global batches, whatever the micro-batch.
+    meta = json.loads((tmp_path / "runs/mixed-last/checkpoints/step_000002/meta.json").read_text())
+    assert meta["data_position"] == 2 and meta["samples_seen"] == 2 * cfg.batch
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--global-batch", "8", "--micro-batch", "3"], "--global-batch 8 is not a multiple of 2 workers x --micro-batch 3"),
+    (["--global-batch", "6", "--micro-batch", "2"], "--global-batch 6 is not a multiple of 2 workers x --micro-batch 2"),
+    (["--micro-batch", "0"], "--micro-batch"),
+])
+def test_a_batch_that_does_not_divide_is_one_line(tmp_path, capsys, argv, words):
+    code = main(["train", "--model", TINY, "--seq", "16", "--steps", "1", "--nproc", "2", "--quiet",
+                 "--run-dir", str(tmp_path / "r"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_gradients_are_reduced_once_with_sync_on_the_last(monkeypatch):
+    """K=3 micro-batches over 2 FSDP2 units with parameters (fake process group): 6
+    ReduceScatters when reducing every micro-batch, 2 (the last micro-batch's) with grad
+    sync last. Counted at
+    torch's `reduce_scatter_single`, which FSDP2's default ReduceScatter calls."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from shardsched.core.types import GradSync
+    from shardsched.train.accum import forward_backward
+    calls = []
+    real = dist.reduce_scatter_single
+    monkeypatch.setattr(dist, "reduce_scatter_single", lambda *a, **k: calls.append(1) or real(*a, **k))
+    dist.init_process_group("fake", rank=0, world_size=4, store=FakeStore())
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        fully_shard(model[0])
+        fully_shard(model[2])
+        fully_shard(model)
+        x = torch.randn(4, 8)
+        counts = {}
+        for sync in GradSync:
+            calls.clear()
+            forward_backward(model, [(x,)] * 3, grad_sync=sync, loss_of=lambda out: out.sum())
+            counts[sync.value] = len(calls)
+    finally:
+        dist.destroy_process_group()
+    assert counts == {"every": 6, "last": 2}
