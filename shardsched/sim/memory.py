@@ -68,6 +68,21 @@ def extra_gather(unit, strategy: Strategy) -> int:
     return 1 if strategy.gathers_for_backward and len(unit.layers) > 1 else 0
 
 
+def held_gathers(agbuf: list[int]) -> list[int]:
+    """Per unit: the AllGather output held while it runs forward, its own or, for a unit that
+    gathers nothing (replicate: a shard group of one copies in place), the last one gathered.
+    FSDP2 keeps a forward AllGather's output until the next copy-out
+    (`FSDPParamGroup.wait_for_unshard`, [Note: Overlapping all-gather copy-in and all-gather]);
+    a replicate unit's pre-forward has no AllGather result and returns before freeing it, so it
+    lives on through the replicate units that follow (a Mixer whose LayerNorms are replicate
+    units was 4% under without it) until the next gather or the end of forward."""
+    out, held = [], 0
+    for b in agbuf:
+        held = b or held
+        out.append(held)
+    return out
+
+
 def root_grad_bytes(sc: Scenario) -> int:
     """Unsharded gradients of the root unit (layer ""), live through all of backward: its
     parameters (tied heads) are used at the end of forward, so their gradients appear as
@@ -154,6 +169,7 @@ class _Live:
         # the unsharded parameters (`FSDPParamGroup.unshard` / `wait_for_unshard`,
         # `world_size == 1`): no AllGather output exists and none is held over.
         self.agbuf = [forward_gathers(u, s) * b for u, s, b in zip(sc.units, sc.strategies, self.unsharded)]
+        self.held_ag = held_gathers(self.agbuf)
         self.root_grad = root_grad_bytes(sc)
         # Launched-but-unused AllGathers (prefetches) are counted at the world's padding
         # for every strategy, as the MILP counts them (linear in its launch variables);
@@ -164,7 +180,7 @@ class _Live:
         self.ddp = sc.on_ddp  # [Note: plans that run on DDP]
         if self.ddp:
             zero = [0] * sc.n
-            self.rsbuf, self.agbuf, self.pend, self.rs_kept = zero, zero, zero, zero
+            self.rsbuf, self.agbuf, self.pend, self.rs_kept, self.held_ag = zero, zero, zero, zero, zero
             # only a tied tensor's gradient waits (for its second use) outside the bucket
             self.root_grad = sc.root_tied_numel * sb.unsharded_grad if sc.units[0].layers == ("",) else 0
             if self.root_grad or sc.units[0].layers == ("",):
@@ -240,19 +256,19 @@ def _mb(live: _Live, *, unsharded=0, grads=0, act=0, comm=0, opt_extra=0) -> Mem
 
 def _forward(live: _Live, i: int) -> list[MemoryBreakdown]:
     sc, s = live.sc, i
-    held_prev = live.agbuf[i - 1] if i > 0 else 0
+    held_prev = live.held_ag[i - 1] if i > 0 else 0
     copyout = _mb(live, unsharded=live.unsharded_live(s), act=live.activations(i - 1),
                   comm=held_prev + live.agbuf[i] + live.pending_gathers(s, include_launched_here=False))
     # Forward transients: the tensor being produced next to what is saved, about the
     # largest saved one (half the backward workspace, which is two of them).
     compute = _mb(live, unsharded=live.unsharded_live(s), act=live.activations(i - 1) + sc.forward_bytes(i),
-                  comm=live.agbuf[i] + live.pending_gathers(s, include_launched_here=True))
+                  comm=live.held_ag[i] + live.pending_gathers(s, include_launched_here=True))
     moments = [copyout, compute]
     outside = sc.units[i].outside_workspace_bytes
     if outside:  # [Note: the loss before the unit's backward], in forward: after the unit reshards
         held = live.unsharded_live(s) if live.ddp else live.unsharded_live(s, exclude=i) + live.held[i]
         moments.append(_mb(live, unsharded=held, act=live.activations(i) + outside // 2,
-                           comm=live.agbuf[i] + live.pending_gathers(s, include_launched_here=True)))
+                           comm=live.held_ag[i] + live.pending_gathers(s, include_launched_here=True)))
     if len(sc.units[i].layers) > 1:
         # Its last module starts with the others' activations and its input live. Units
         # that reshard after forward gather again there while the unit's first AllGather
@@ -260,7 +276,8 @@ def _forward(live: _Live, i: int) -> list[MemoryBreakdown]:
         # copy-out); the prefetches launched at the unit's first module are in flight.
         extra = extra_gather(sc.units[i], sc.strategies[i])
         moments.append(_mb(live, unsharded=live.unsharded_live(s), act=live.activations(i - 1) + sc.lead_bytes(i),
-                           comm=(1 + extra) * live.agbuf[i] + live.pending_gathers(s, include_launched_here=True)))
+                           comm=live.held_ag[i] + extra * live.agbuf[i]
+                           + live.pending_gathers(s, include_launched_here=True)))
     return moments
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from shardsched.core.types import GradSync
 from shardsched.cost.memory import state_bytes
 from shardsched.solve.candidates import Choice, Problem
-from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad
+from shardsched.sim.memory import extra_gather, forward_gathers, held_gathers, holds_root_grad
 from shardsched.solve.milp import FS, FSN, HS, HSGO, REP, SGO, costs_of
 from shardsched.sim.timeline import replay
 
@@ -78,17 +78,18 @@ class Evaluator:
         self.act = np.concatenate([[0], np.cumsum(kept)]).astype(np.float64)
         inc, exc = self._pending(ch, n)
         out = []
+        hag = held_gathers(list(ag))  # the AllGather output held in each unit's forward
         for i in range(n):
-            u, prev = unsh[i] + ag[i], ag[i - 1] if i else 0.0
+            u, prev = unsh[i] + hag[i], hag[i - 1] if i else 0.0
             unit = self.p.costs[i]
             ck = bool(ch.ckpt and ch.ckpt[i])
             lead = unit.checkpointed_lead_bytes if ck else unit.lead_activation_bytes
             extra = extra_gather(unit, ch.strategies[i]) * unsh[i] + (lead if len(unit.layers) > 1 else 0)
             outside = unit.outside_workspace_bytes  # the loss's forward, after the unit reshards
-            out.append(pers + U[i] + max(u + prev + self.act[i] + exc[i],
+            out.append(pers + U[i] + max(unsh[i] + ag[i] + prev + self.act[i] + exc[i],
                                          u + extra + self.act[i] + inc[i],
                                          u + self.act[i] + c.fwd_own[i][ck] + inc[i],
-                                         held[i] + ag[i] + self.act[i + 1] + outside // 2 + inc[i] if outside else 0))
+                                         held[i] + hag[i] + self.act[i + 1] + outside // 2 + inc[i] if outside else 0))
         rs = [(c.rs_by[i][s], c.rs_kept_by[i][s]) for i, s in enumerate(ch.strategies)]
         for s in range(n, 2 * n):
             out.append(self._backward(ch, s, pers, U, G, inc, exc, unsh, rs, held))

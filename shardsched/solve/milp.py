@@ -283,6 +283,7 @@ class _Build:
         self.tscale = max(sum(comp), 1e-12)  # times ~1: tolerances are relative to the step
         self.comp = [t / self.tscale for t in comp]
         self.aux_defs: list[tuple[int, dict, float]] = []
+        self.held_defs: list[tuple] = []  # (H column, its own AllGather terms, H[i-1], z_rep): `_held_gathers`
         self.products: list[tuple[int, int, tuple[int, ...]]] = []  # (column, launch col, z cols)
         self._decisions()
         self.t_ub = (t_ub / self.tscale) * (1 + 1e-7) + 1e-9 if t_ub is not None else self._serial_bound()
@@ -452,6 +453,24 @@ class _Build:
                 terms = {self._aux(_add(terms, {self.ck[i]: (c.inp[i] - c.act[i]) * g})): 1.0}
             self.A.append((terms, const + c.act[i] * g))
 
+    def _held_gathers(self) -> list[int]:
+        """H[i] (GiB): the AllGather output held in unit i's forward (`sim.memory.held_gathers`):
+        H[i] >= its own, and H[i] >= H[i-1] when it is replicate (big-M on its z). Only lower
+        bounds: H appears with a positive sign in rows <= budget, so its least value, the
+        exact one, is always as feasible."""
+        c, g, out = self.c, 1.0 / GiB, []
+        big = max((max(b.values()) for b in c.unsh_by), default=0.0) * g
+        for i in range(self.n):
+            unit, h = self.p.costs[i], self.m.var(0.0, math.inf)
+            own = self.zexpr(i, {k: forward_gathers(unit, k) * c.unsh_by[i][k] * g for k in self.z[i]})
+            self.m.ge({h: 1.0}, own)
+            rep = self.z[i].get(Strategy.REPLICATE)
+            if i and rep is not None:  # h >= H[i-1] - big (1 - z_rep)
+                self.m.ge({h: 1.0}, {out[-1]: 1.0, rep: big}, -big)
+            self.held_defs.append((h, own, out[-1] if i else None, rep))
+            out.append(h)
+        return out
+
     def _pending(self, s: int, *, inclusive: bool) -> dict:
         """AllGather outputs launched (before / at) s and used after s."""
         n, g, out = self.n, 1.0 / GiB, {}
@@ -471,26 +490,28 @@ class _Build:
         cap = budget * g - MEMORY_MARGIN_GIB
         self.mem_rows: list[tuple] = []  # (step, terms, const, gate column or None), for tests
         base = {self.PP: 1.0, self.PO: 1.0}
+        held_ag = self._held_gathers()
         for i in range(n):
-            # Its unsharded parameters, its AllGather output and the previous unit's held
-            # over: none for replicate units (`sim.memory`: a shard group of one copies in place).
+            # Its unsharded parameters and the AllGather output held while it runs (its own, or
+            # for a replicate unit the last one gathered: `sim.memory.held_gathers`); at its
+            # copy-out its own AllGather output next to the one held before.
             unit = self.p.costs[i]
-            own = self.zexpr(i, {k: c.unsh_by[i][k] * (1 + forward_gathers(unit, k)) * g for k in self.z[i]})
+            unsh = self.zexpr(i, {k: c.unsh_by[i][k] * g for k in self.z[i]})
+            ag = self.zexpr(i, {k: forward_gathers(unit, k) * c.unsh_by[i][k] * g for k in self.z[i]})
             extra = self.zexpr(i, {k: extra_gather(unit, k) * c.unsh_by[i][k] * g for k in self.z[i]})
             extra = _add(extra, self._ck_term(i, c.cklead[i] - c.lead[i]))
-            prev = self.zexpr(i - 1, {k: forward_gathers(self.p.costs[i - 1], k) * c.unsh_by[i - 1][k] * g
-                                      for k in self.z[i - 1]}) if i else {}
-            live = _add(_add(base, {self.U[i]: 1.0}), own)
+            prev = {held_ag[i - 1]: 1.0} if i else {}
+            live = _add(_add(base, {self.U[i]: 1.0}), _add(unsh, {held_ag[i]: 1.0}))
             (a0, k0), (a1, k1) = self.A[i], self.A[i + 1]
-            self._mem(i, _add(_add(_add(live, prev), a0), self._pending(i, inclusive=False)),
+            copyout = _add(_add(base, {self.U[i]: 1.0}), _add(unsh, ag))
+            self._mem(i, _add(_add(_add(copyout, prev), a0), self._pending(i, inclusive=False)),
                       k0 + c.input_bytes * g, cap)
             if len(unit.layers) > 1:  # its last module starts (and gathers again when it reshards)
                 self._mem(i, _add(_add(_add(live, extra), a0), self._pending(i, inclusive=True)),
                           k0 + (c.lead[i] + c.input_bytes) * g, cap)
             outside = unit.outside_workspace_bytes
             if outside:  # the loss's forward after the unit reshards (`sim.memory` [Note: the loss ...])
-                after = self.zexpr(i, {k: (c.held[i][k] + forward_gathers(unit, k) * c.unsh_by[i][k]) * g
-                                       for k in self.z[i]})
+                after = _add(self.zexpr(i, {k: c.held[i][k] * g for k in self.z[i]}), {held_ag[i]: 1.0})
                 self._mem(i, _add(_add(_add(base, {self.U[i]: 1.0}), after), _add(a1, self._pending(i, inclusive=True))),
                           k1 + (outside // 2 + c.input_bytes) * g, cap)
             fplain, fck = c.fwd_own[i]  # its own forward peak (`Scenario.forward_bytes`)
@@ -598,6 +619,9 @@ class _Build:
             x[y] = max(0.0, x[launch] + sum(x[v] for v in zs) - 1.0)
         for v, terms, const in self.aux_defs:
             x[v] = const + sum(c * x[k] for k, c in terms.items())
+        for h, own, prev, rep in self.held_defs:  # in unit order: prev is set
+            x[h] = max(sum(c * x[k] for k, c in own.items()),
+                       x[prev] if prev is not None and rep is not None and x[rep] > 0.5 else 0.0)
         self._start_times(x)
         return x
 
