@@ -35,6 +35,7 @@ from shardsched.solve import milp
 from shardsched.solve.baselines import Scored, score
 from shardsched.solve.candidates import Choice, Problem, _allowed
 from shardsched.solve.greedy import Evaluator, greedy, least_memory, recompute_less
+from shardsched.solve.local import polish
 from shardsched.sim.scenario import default_launch
 from shardsched.plan.units import ROOT, root_strategy
 
@@ -68,6 +69,14 @@ class Effort(NamedTuple):
 
     def runs_milp(self, p: Problem, *, lead: bool = False) -> bool:
         return p.n <= (self.lead_units if lead else self.milp_units) * self.scale
+
+    local_work: int = 60_000
+    """Unit-evaluations of the local search (`solve.local`) per polish at scale 1: a polish of
+    a grouping of n units may replay up to local_work / n schedules (each replay is O(n)),
+    about 2 s on the 2-core machine whatever n."""
+
+    def local_evals(self, p: Problem) -> int:
+        return int(self.local_work * self.scale) // max(1, p.n)
 
 
 def ahead_for(n: int) -> int:
@@ -182,18 +191,35 @@ def _milp(p: Problem, start: Scored | None, *, budget: int, effort: Effort, left
     return s, r
 
 
+def polished(p: Problem, s: Scored | None, *, budget: int, effort: Effort) -> Scored | None:
+    """`s` after the local search (`solve.local`), re-simulated; `s` when it finds nothing faster."""
+    if s is None or effort.local_evals(p) <= 0:
+        return s
+    ch = polish(p, s.choice, budget=budget, ahead=ahead_for(p.n), evals=effort.local_evals(p))
+    if ch == s.choice:
+        return s
+    better = score(s.name, p, ch)
+    return better if better.peak <= budget and better.seconds < s.seconds else s
+
+
 def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Effort, incumbent: float,
                    deadline: float, notes: list, lead: bool = False) -> Outcome:
-    """Steps 2-3 of the module docstring for one grouping."""
+    """Steps 2-3 of the module docstring for one grouping. The lead grouping (best start)
+    is polished before its MILP (HiGHS's root heuristics search around the start: on the
+    24-layer GPT below, 0.2477 s from a polished start, 0.2755 s from the greedy's) and after."""
     lb = milp.lower_bound(p, budget)
     if start is not None and start.seconds <= lb * (1 + OPTIMAL_TOL):
         return Outcome(start, start.seconds)  # the start meets the bound: optimal, nothing to solve
+    if lead:
+        start = polished(p, start, budget=budget, effort=effort)
     if lb >= incumbent or not effort.runs_milp(p, lead=lead) or (start is None and p.n > FULL_WINDOW_UNITS):
         return Outcome(start, lb)  # closed by the bound, or left to the bound (size rule)
     left = deadline - time.perf_counter()
     if left <= 0:
         return Outcome(start, lb)
     found, r = _milp(p, start, budget=budget, effort=effort, left=left, notes=notes)
+    if lead and found is not None and (start is None or found.seconds < start.seconds):
+        found = polished(p, found, budget=budget, effort=effort)
     best = min((s for s in (start, found) if s is not None), key=lambda s: (s.seconds, s.name != "highs"),
                default=None)
     bound = max(lb, r.bound)
@@ -236,6 +262,12 @@ def search(problems: list[Problem], *, budget: int, base: list[Scored], seeds: t
         return None
     # Ties go to the MILP's schedule, then to the smaller peak.
     best = min(pool, key=lambda s: (s.seconds, s.name != "highs", s.peak))
+    if key(best.problem) != key(problems[order[0]]):  # the lead grouping's best was polished already
+        better = polished(best.problem, best, budget=budget, effort=effort)
+        if better is not best and key(best.problem) in outcomes:
+            o = outcomes[key(best.problem)]
+            outcomes[key(best.problem)] = o._replace(best=better, bound=min(o.bound, better.seconds))
+        best = better
     bound = min(min(o.bound for o in outcomes.values()), best.seconds)
     cut = time.perf_counter() > deadline or any(o.milp and "time" in o.milp.status for o in outcomes.values())
     if cut:
