@@ -34,7 +34,7 @@ from typing import NamedTuple
 from shardsched.solve import milp
 from shardsched.solve.baselines import Scored, score
 from shardsched.solve.candidates import Choice, Problem, _allowed
-from shardsched.solve.greedy import Evaluator, greedy, least_memory, recompute_less
+from shardsched.solve.greedy import Evaluator, greedy, hoist_uniform, least_memory, recompute_less, upgrade
 from shardsched.solve.local import polish
 from shardsched.sim.scenario import default_launch
 from shardsched.plan.units import ROOT, root_strategy
@@ -151,6 +151,7 @@ def _start(p: Problem, *, budget: int, extra: list[Scored], greedy_ok: bool) -> 
         least = score("greedy", p, prefetched_least(p))
         if least.peak <= budget:
             pool.append(_polished(p, least, budget=budget))
+            pool.append(score("greedy", p, hoisted_least(p, budget=budget)))
     pool = [s for s in pool if s.peak <= budget]
     best = min(pool, key=lambda s: (s.seconds, s.peak), default=None)
     return _polished(p, best, budget=budget) if best is not None and any(best.choice.ckpt) else best
@@ -163,6 +164,16 @@ def prefetched_least(p: Problem) -> Choice:
     ch = least_memory(p)
     fwd, bwd = default_launch(ch.strategies, ahead=1)
     return ch._replace(fwd=fwd, bwd=bwd)
+
+
+def hoisted_least(p: Problem, *, budget: int) -> Choice:
+    """The least-memory schedule with every AllGather as far ahead as fits, then the greedy's
+    upgrades and less recomputation with what is left: the greedy's order (upgrades first)
+    spends the memory deep prefetch needs (a 40-layer GPT on 1024 H100s at 7.4 GiB: 1.18 s;
+    this start 1.14 s, 0.97 s after the local search, against 1.17 s from the greedy's)."""
+    ev = Evaluator(p)
+    ch = hoist_uniform(ev, least_memory(p), budget=budget, ahead=ahead_for(p.n))
+    return recompute_less(ev, upgrade(ev, ch, budget=budget), budget=budget)
 
 
 def _polished(p: Problem, s: Scored, *, budget: int) -> Scored:
