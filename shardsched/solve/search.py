@@ -4,14 +4,18 @@ The declared search space (recorded in the plan as `solver.search_space`): the c
 groupings (`solve.candidates`, plus the groupings of the uniform baselines), and for each
 of them every strategy the cluster offers (less pins), checkpointing per unit, and every
 AllGather launch point within `milp.windows` of its use. Per grouping, in a fixed order:
-  1. starts: its greedy schedule, the least-memory schedule with one-ahead prefetch, a
+  1. starts: its greedy schedule, the least-memory schedule with one-ahead prefetch, the
+     least-memory schedule hoisted as far as fits then upgraded (`hoisted_least`), a
      fitting uniform baseline of that grouping, and any `seeds` (schedules found at a
      smaller budget: they fit this one too); the best, with checkpointing switched off
-     wherever it still fits (`_polished`);
+     wherever it still fits (`_polished`); for the lead grouping (the best start), then
+     the local search (`solve.local`, within `Effort.local_work`);
   2. a lower bound no schedule of it beats (`milp.lower_bound`, O(n log n)); a grouping whose
      bound is not below the incumbent is closed without a MILP;
   3. the MILP, warm-started from the best start, within a node limit (`Effort`): it never
-     returns worse than its start, and HiGHS's dual bound raises the grouping's bound.
+     returns worse than its start, and HiGHS's dual bound raises the grouping's bound; the
+     lead grouping's MILP answer is polished again (`solve.local`), and so is the best plan
+     at the end when another grouping gave it.
 The plan's bound is the least bound over every grouping; "optimal" means the plan meets it.
 
 [Note: determinism] Nothing here reads the clock to decide: the groupings, their order,
