@@ -206,7 +206,7 @@ def _milp(p: Problem, start: Scored | None, *, budget: int, effort: Effort, left
     return s, r
 
 
-def polished(p: Problem, s: Scored | None, *, budget: int, effort: Effort) -> Scored | None:
+def local_polish(p: Problem, s: Scored | None, *, budget: int, effort: Effort) -> Scored | None:
     """`s` after the local search (`solve.local`), re-simulated; `s` when it finds nothing faster."""
     if s is None or effort.local_evals(p) <= 0:
         return s
@@ -221,12 +221,12 @@ def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Eff
                    deadline: float, notes: list, lead: bool = False) -> Outcome:
     """Steps 2-3 of the module docstring for one grouping. The lead grouping (best start)
     is polished before its MILP (HiGHS's root heuristics search around the start: on the
-    24-layer GPT below, 0.2477 s from a polished start, 0.2755 s from the greedy's) and after."""
+    24-layer GPT of bench/bench_plan_speed.py, 0.2477 s from a polished start, 0.2755 s from the greedy's) and after."""
     lb = milp.lower_bound(p, budget)
     if start is not None and start.seconds <= lb * (1 + OPTIMAL_TOL):
         return Outcome(start, start.seconds)  # the start meets the bound: optimal, nothing to solve
     if lead:
-        start = polished(p, start, budget=budget, effort=effort)
+        start = local_polish(p, start, budget=budget, effort=effort)
     if lb >= incumbent or not effort.runs_milp(p, lead=lead) or (start is None and p.n > FULL_WINDOW_UNITS):
         return Outcome(start, lb)  # closed by the bound, or left to the bound (size rule)
     left = deadline - time.perf_counter()
@@ -234,7 +234,7 @@ def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Eff
         return Outcome(start, lb)
     found, r = _milp(p, start, budget=budget, effort=effort, left=left, notes=notes)
     if lead and found is not None and (start is None or found.seconds < start.seconds):
-        found = polished(p, found, budget=budget, effort=effort)
+        found = local_polish(p, found, budget=budget, effort=effort)
     best = min((s for s in (start, found) if s is not None), key=lambda s: (s.seconds, s.name != "highs"),
                default=None)
     bound = max(lb, r.bound)
@@ -278,7 +278,7 @@ def search(problems: list[Problem], *, budget: int, base: list[Scored], seeds: t
     # Ties go to the MILP's schedule, then to the smaller peak.
     best = min(pool, key=lambda s: (s.seconds, s.name != "highs", s.peak))
     if key(best.problem) != key(problems[order[0]]):  # the lead grouping's best was polished already
-        better = polished(best.problem, best, budget=budget, effort=effort)
+        better = local_polish(best.problem, best, budget=budget, effort=effort)
         if better is not best and key(best.problem) in outcomes:
             o = outcomes[key(best.problem)]
             outcomes[key(best.problem)] = o._replace(best=better, bound=min(o.bound, better.seconds))
