@@ -221,7 +221,8 @@ def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Eff
                    deadline: float, notes: list, lead: bool = False) -> Outcome:
     """Steps 2-3 of the module docstring for one grouping. The lead grouping (best start)
     is polished before its MILP (HiGHS's root heuristics search around the start: on the
-    24-layer GPT of bench/bench_plan_speed.py, 0.2477 s from a polished start, 0.2755 s from the greedy's) and after."""
+    24-layer GPT of bench/bench_plan_speed.py, 0.2477 s from a polished start, 0.2755 s
+    from the greedy's) and after."""
     lb = milp.lower_bound(p, budget)
     if start is not None and start.seconds <= lb * (1 + OPTIMAL_TOL):
         return Outcome(start, start.seconds)  # the start meets the bound: optimal, nothing to solve
