@@ -68,3 +68,13 @@ def layers_items(spec) -> list[str]:
     if not items or any(not i for i in items):
         raise UsageError(f"layers {spec!r} has an empty item; accepted: {LAYERS_ACCEPTED}")
     return items
+
+
+HEADROOM_HELP = ("memory left free of --memory-budget (or of the device's memory) before planning: a percentage, "
+                 "a size or both, e.g. 5%%, 2GiB, 5%%+1GiB, 0 (default: the device preset's, 5%%+1GiB on GPUs, "
+                 "0 on cpu)")
+
+
+def add_headroom_argument(parser: argparse.ArgumentParser) -> None:
+    """`--headroom` for every command that takes a memory budget (`cost.headroom`)."""
+    parser.add_argument("--headroom", default=None, help=HEADROOM_HELP)

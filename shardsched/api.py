@@ -15,15 +15,19 @@ if TYPE_CHECKING:
 
 def plan_model(model: "nn.Module", example_inputs: Sequence[Any], *, world: int, gpus_per_node: int | None = None,
                device: str = "cpu", memory_budget: int | str | None = None, strategy: str | None = None,
-               precision: str = "fp32", name: str | None = None, time_limit: float = 10.0) -> "Plan":
+               precision: str = "fp32", name: str | None = None, time_limit: float = 10.0,
+               headroom: str | None = None) -> "Plan":
     """A plan for `model` on `world` workers of `device` (a preset name, `DEVICES`).
 
     `model(*example_inputs)` is one worker's loss; it is traced on fake tensors (exact
     bytes and FLOPs, nothing allocated, the same plan every call). `strategy` defaults to
     "auto" with a `memory_budget` (bytes or "40GiB") and "full_shard" without. Call it
-    on one rank and broadcast the plan (or on every rank: it is deterministic)."""
+    on one rank and broadcast the plan (or on every rank: it is deterministic). `headroom`
+    ("5%+1GiB", as `--headroom`; default the device's) is taken off the budget first."""
     from shardsched.cost.bytes import parse_bytes
     from shardsched.cost.device import DEVICES, Cluster
+    from shardsched.cost.headroom import headroom_for, stated, usable_budget
+    from shardsched.plan.spec import parse_strategy_spec
     from shardsched.errors import UsageError
     from shardsched.profile.resolve import compute_dtype
     from shardsched.core.types import Precision
@@ -36,8 +40,12 @@ def plan_model(model: "nn.Module", example_inputs: Sequence[Any], *, world: int,
     profile = trace_profile(model, tuple(example_inputs), name=name or type(model).__name__,
                             device=DEVICES[device], compute_dtype=dtype)
     cluster = Cluster(world=world, gpus_per_node=gpus_per_node or min(8, world), device=DEVICES[device])
-    return make_plan(profile, cluster, strategy=strategy or ("auto" if budget else "full_shard"),
-                     precision=precision, memory_budget_bytes=budget, time_limit=time_limit)
+    usable = usable_budget(budget, device_memory=cluster.device.memory_bytes,
+                           headroom=headroom_for(headroom, cluster.device))
+    strategy = strategy or ("auto" if budget else "full_shard")
+    planned = usable.usable if budget or parse_strategy_spec(strategy).auto else None  # as `plan` does
+    return stated(make_plan(profile, cluster, strategy=strategy, precision=precision,
+                            memory_budget_bytes=planned, time_limit=time_limit), usable)
 
 
 def load_plan(path: str) -> "Plan":

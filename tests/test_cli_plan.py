@@ -103,10 +103,11 @@ def test_trace_shows_every_step_and_collective(tmp_path):
 
 
 def test_a_plan_over_budget_and_an_oversized_layer_are_reported():
+    # --headroom 0: the h100's default headroom (5% + 1 GiB) would leave nothing of 200 MiB.
     r = shardsched("plan", "--model", "gpt2-xl", "--world", "8", "--strategy", "full_shard",
-                   "--memory-budget", "200MiB", "--json")
+                   "--memory-budget", "200MiB", "--headroom", "0", "--json")
     assert r.returncode == 0
-    assert "warning: predicted peak" in r.stderr and "exceeds --memory-budget 200.00 MiB;" in r.stderr  # fmt_bytes, not raw bytes
+    assert "warning: predicted peak" in r.stderr and "exceeds the usable budget 200.00 MiB" in r.stderr  # fmt_bytes
     notes = json.loads(r.stdout)["notes"]
     # gpt2-xl's head: 1600 x 50257 parameters, bf16 gathered (2) + bf16 grads (2) + fp32 reduction (4)
     head = 1600 * 50257 + 1600 * 2

@@ -144,6 +144,12 @@ class Plan:
     world: int
     gpus_per_node: int
     memory_budget_bytes: int | None = None
+    """The per-worker budget given (`--memory-budget`); None: none given."""
+    usable_budget_bytes: int | None = None
+    """What the plan was fitted to: `memory_budget_bytes` (or, with none, the device's memory)
+    less `headroom_bytes` (`cost.headroom`). None in plans made before headroom existed."""
+    headroom_bytes: int = 0
+    """Bytes of the budget `--headroom` left free (CUDA context, NCCL buffers, fragmentation)."""
     precision: Precision = Precision.FP32
     optimizer: Optimizer = Optimizer.ADAM
     device: str = "cpu"

@@ -2,10 +2,12 @@
 
 Figures are public numbers (../shared/DESIGN.md, "Calibration figures"):
 peak dense bf16 from the vendors' datasheets (H100 SXM ~989 TFLOP/s, A100 ~312,
-V100 fp16 ~125), NVSwitch collectives from nccl-tests measurements on 8x H100
-(AllGather/ReduceScatter ~30 us and ~394 GB/s algbw), and the 1 GbE figures the
-seed prototype measured (alpha 0.235 ms, 98 MB/s). Compute time uses a
-model-FLOPs-utilisation factor (`mfu`) rather than peak.
+V100 fp16 ~125, H200 = H100), NVSwitch collectives from nccl-tests measurements on
+8x H100 (AllGather/ReduceScatter ~30 us and ~394 GB/s algbw), and the 1 GbE figures
+the seed prototype measured (alpha 0.235 ms, 98 MB/s). Compute time uses a fraction
+of peak per op class (`efficiency`, fitted to published FSDP throughput on the A100
+and H100 presets) and a model-FLOPs-utilisation factor (`mfu`) for the classes not
+listed. Memory is what the part exposes, less `--headroom` (`cost.headroom`).
 """
 from __future__ import annotations
 
@@ -57,6 +59,10 @@ class DeviceSpec:
     "all_reduce") by `shardsched profile`; a collective not listed uses `intra`.
     One fit misprices backends whose collectives differ in algorithm: gloo runs
     ReduceScatter as an AllReduce plus a copy (about 3x an AllGather's time here)."""
+    headroom_fraction: float = 0.0
+    """Default `--headroom` share of the budget left free (allocator fragmentation; `cost.headroom`)."""
+    headroom_bytes: int = 0
+    """Default `--headroom` bytes left free besides (CUDA context, NCCL buffers; `cost.headroom`)."""
     overlap: bool = True
     """Whether communication runs beside compute. NCCL collectives run on their
     own CUDA streams (FSDP2's all-gather and reduce-scatter streams), so they
@@ -76,29 +82,55 @@ class DeviceSpec:
         return sum(f / (self.peak_flops * self.efficiency.get(c, self.mfu)) for c, f in flops_by_class.items())
 
 
+MiB = 1 << 20
+
+# Default headroom of the GPU presets (`cost.headroom`, docs/design.md "Headroom"): 5% of the
+# budget for the caching allocator's fragmentation, plus 1 GiB for the CUDA context (~0.3 GB with
+# lazy loading, pytorch/pytorch#107667) and NCCL's buffers (0.5-0.7 GB per communicator,
+# NVIDIA/nccl#964; nccl-tests keeps 1 GiB free, NVIDIA/nccl-tests#220).
+GPU_HEADROOM = dict(headroom_fraction=0.05, headroom_bytes=1 * GiB)
+
+# Per-op-class efficiencies (fractions of peak bf16) of the A100 and H100 presets: the fit of
+# `bench/bench_gpu_presets.py --fit` to published FSDP throughput (llm-foundry's MPT tables,
+# torchtitan's Llama 2 13B; docs/design.md "GPU presets from public measurements"). "attention"
+# prices causal attention at its masked-out half (`profile.analytic.causal_attention_flops`);
+# memory is as `torch.cuda.get_device_properties().total_memory` (or nvidia-smi) reports it.
 DEVICES: dict[str, DeviceSpec] = {
-    # 2-core CPU worker, gloo over loopback: ~50 GFLOP/s achieved fp32 matmul.
+    # 2-core CPU worker, gloo over loopback: ~50 GFLOP/s achieved fp32 matmul. No headroom:
+    # the host's allocator has no context or communicator buffers of this kind.
     "cpu": DeviceSpec(name="cpu", peak_flops=100e9, mfu=0.5, memory_bytes=24 * GiB, overlap=False,
                       unit_overhead_seconds=3e-3,
                       intra=Link(alpha_seconds=50e-6, bandwidth=2e9),
                       inter=Link(alpha_seconds=0.235e-3, bandwidth=98e6),
                        memory_bandwidth=10e9),
-    # V100 SXM2: 125 TFLOP/s fp16, NVLink2 ~130 GB/s algbw, 100 Gb/s IB per GPU.
-    "v100": DeviceSpec(name="v100", peak_flops=125e12, mfu=0.35, memory_bytes=32 * GiB,
+    # V100 SXM2 32GB: 125 TFLOP/s fp16, NVLink2 ~130 GB/s algbw, 100 Gb/s IB per GPU; nvidia-smi
+    # shows 32510 MiB. No public FSDP measurement used: one mfu.
+    "v100": DeviceSpec(name="v100", peak_flops=125e12, mfu=0.35, memory_bytes=32510 * MiB, **GPU_HEADROOM,
                        intra=Link(alpha_seconds=25e-6 / 7, bandwidth=130e9),
                        inter=Link(alpha_seconds=5e-6, bandwidth=11e9),
                        memory_bandwidth=900e9),
-    # A100 SXM4: 312 TFLOP/s bf16, NVLink3 ~230 GB/s algbw, 200 Gb/s HDR IB per GPU.
-    "a100": DeviceSpec(name="a100", peak_flops=312e12, mfu=0.4, memory_bytes=80 * GiB,
+    # A100 SXM4 80GB: 312 TFLOP/s bf16, NVLink3 ~230 GB/s algbw, 200 Gb/s HDR IB per GPU;
+    # 81049 MiB total global memory (an A100 80GB's cudaDeviceProp, ekondis/mixbench#47).
+    "a100": DeviceSpec(name="a100", peak_flops=312e12, mfu=0.4, efficiency={"matmul": 0.68, "attention": 0.34},
+                       memory_bytes=81049 * MiB, **GPU_HEADROOM,
                        intra=Link(alpha_seconds=25e-6 / 7, bandwidth=230e9),
                        inter=Link(alpha_seconds=5e-6, bandwidth=22e9),
                        memory_bandwidth=2.0e12),
-    # H100 SXM: 989 TFLOP/s bf16; NVSwitch AllGather ~30 us, ~394 GB/s algbw (nccl-tests);
-    # 400 Gb/s NDR IB per GPU.
-    "h100": DeviceSpec(name="h100", peak_flops=989e12, mfu=0.4, memory_bytes=80 * GiB,
+    # H100 SXM 80GB: 989 TFLOP/s bf16; NVSwitch AllGather ~30 us, ~394 GB/s algbw (nccl-tests);
+    # 400 Gb/s NDR IB per GPU; torch reports total_memory=81089MB (MiB) for 'NVIDIA H100 80GB HBM3'.
+    "h100": DeviceSpec(name="h100", peak_flops=989e12, mfu=0.4, efficiency={"matmul": 0.50, "attention": 0.18},
+                       memory_bytes=81089 * MiB, **GPU_HEADROOM,
                        intra=Link(alpha_seconds=30e-6 / 7, bandwidth=394e9),
                        inter=Link(alpha_seconds=5e-6, bandwidth=45e9),
                        memory_bandwidth=3.35e12),
+    # H200 SXM 141GB: the H100's GH100 die and clocks (989 TFLOP/s bf16, NVLink4, so the H100's
+    # links and efficiencies: no public bf16 FSDP measurement on H200 was found; torchtitan's
+    # H200 benchmark runs Float8), HBM3e at 4.8 TB/s; torch reports total_memory=143156MB (MiB).
+    "h200": DeviceSpec(name="h200", peak_flops=989e12, mfu=0.4, efficiency={"matmul": 0.50, "attention": 0.18},
+                       memory_bytes=143156 * MiB, **GPU_HEADROOM,
+                       intra=Link(alpha_seconds=30e-6 / 7, bandwidth=394e9),
+                       inter=Link(alpha_seconds=5e-6, bandwidth=45e9),
+                       memory_bandwidth=4.8e12),
 }
 
 

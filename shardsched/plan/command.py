@@ -14,14 +14,16 @@ from pathlib import Path
 from shardsched._fmt import fmt_bytes
 from shardsched.cost.bytes import parse_bytes
 from shardsched.cost.device import DEVICES, Cluster, read_cluster_file
+from shardsched.cost.headroom import Budget, headroom_for, stated, usable_budget
 from shardsched.errors import UsageError
 from shardsched.solve.build import make_plan, plan_from_scenario
 from shardsched.plan.schedule import scenario_for
 from shardsched.plan.units import tied_violation
 from shardsched.core.types import Optimizer, Plan, Precision
-from shardsched._flags import (add_layers_argument, check_int, check_positive_float, flag, layers_items,
-                               reject_empty_strings)
+from shardsched._flags import (add_headroom_argument, add_layers_argument, check_int, check_positive_float, flag,
+                               layers_items, reject_empty_strings)
 from shardsched._paths import atomic_write, check_writable_file
+from shardsched.plan.spec import parse_strategy_spec
 from shardsched.plan.validate import check_plan_layers, read_plan_file
 from shardsched.models.spec import PRESETS, parse_model_spec
 from shardsched.profile.resolve import profile_for
@@ -48,6 +50,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a("--strategy", default=None, help="replicate | shard_grad_op | full_shard | auto, with overrides like "
                                        "'full_shard,blocks.0-3=replicate' (default full_shard; auto with --memory-budget)")
     a("--memory-budget", default=None, help="per-worker budget, e.g. 40GiB")
+    add_headroom_argument(p)
     a("--plan", default=None, help="re-evaluate an existing plan.json for this model and cluster")
     a("--measure", action="store_true", help="time the model on this machine instead of tracing it on fake tensors "
                                              "(min of repeats, cached by fingerprint)")
@@ -109,26 +112,34 @@ def run_plan(args: argparse.Namespace) -> int:
     spec = parse_model_spec(args.model)
     cluster = cluster_from_args(args, python_model=spec.config is None)
     precision = Precision(args.precision or ("fp32" if cluster.device.name == "cpu" else "bf16-mixed"))
-    budget = parse_bytes(args.memory_budget) if args.memory_budget else None
+    given = parse_bytes(args.memory_budget) if args.memory_budget else None
     existing = read_plan(args.plan) if args.plan else None  # validate input before any work
+    if given is None and existing is not None:
+        given = existing.memory_budget_bytes  # re-evaluated under the budget it was made for
+    budget = usable_budget(given, device_memory=cluster.device.memory_bytes,
+                           headroom=headroom_for(args.headroom, cluster.device))
     micro_batch, seq = _shape(args, existing)
     profile = _profile(_sized(spec, micro_batch=args.micro_batch, seq=args.seq), micro_batch, seq, args, cluster,
                        precision)
     if existing is not None:
         plan = reevaluate(existing, profile, cluster, budget)
     else:
-        strategy = args.strategy or ("auto" if budget else "full_shard")
-        plan = make_plan(profile, cluster, strategy=strategy, precision=precision, optimizer=args.optimizer,
-                         memory_budget_bytes=budget, fuse=not args.no_fuse,
-                         time_limit=args.time_limit or math.inf)
+        strategy = args.strategy or ("auto" if given else "full_shard")
+        # Headroom is taken off before the planner sees the budget; without one, auto fills the
+        # device's memory less the headroom, and a named strategy is planned with no budget.
+        planned = budget.usable if given is not None or parse_strategy_spec(strategy).auto else None
+        plan = stated(make_plan(profile, cluster, strategy=strategy, precision=precision, optimizer=args.optimizer,
+                                memory_budget_bytes=planned, fuse=not args.no_fuse,
+                                time_limit=args.time_limit or math.inf), budget)
     # What was set on the model for training (e.g. HF use_cache=False), said in the plan.
     plan = dataclasses.replace(plan, notes=plan.notes + tuple(profile.extra.get("notes", ())))
     if seq is None and spec.seq_note:
         plan = dataclasses.replace(plan, notes=plan.notes + (spec.seq_note,))
-    if budget is not None and plan.predicted.peak_bytes > budget:
+    if given is not None and plan.predicted.peak_bytes > budget.usable:
         # Reported, never silently accepted: the plan is still shown (and saved) for inspection.
         sys.stderr.write(f"shardsched plan: warning: predicted peak {fmt_bytes(plan.predicted.peak_bytes)} exceeds "
-                         f"--memory-budget {fmt_bytes(budget)}; try --strategy auto\n")
+                         f"the usable budget {fmt_bytes(budget.usable)} (--memory-budget {fmt_bytes(given)} less "
+                         f"{fmt_bytes(budget.headroom_bytes)} --headroom); try --strategy auto\n")
     device_memory_warning(plan, cluster)
     if args.out:
         write_atomic(args.out, plan.to_json() + "\n")
@@ -189,8 +200,15 @@ def device_memory_warning(plan: Plan, cluster: Cluster) -> None:
                          f"the {cluster.device.name}'s {mem / 2**30:.0f} GiB of memory per worker\n")
 
 
-def reevaluate(plan: Plan, profile, cluster: Cluster, budget: int | None) -> Plan:
-    """Predictions of an existing plan under this profile and cluster."""
+def planned_budget(plan: Plan) -> int | None:
+    """The budget the plan had to fit: the usable one when a budget was given (older plans: the given)."""
+    if plan.memory_budget_bytes is None:
+        return None
+    return plan.usable_budget_bytes or plan.memory_budget_bytes
+
+
+def reevaluate(plan: Plan, profile, cluster: Cluster, budget: Budget) -> Plan:
+    """Predictions of an existing plan under this profile and cluster, and `budget`."""
     if plan.fingerprint != profile.fingerprint:
         raise UsageError(f"plan was made for another model (fingerprint {plan.fingerprint}, this model "
                          f"{profile.fingerprint}); accepted: a plan from `shardsched plan --model` of the same model")
@@ -204,9 +222,10 @@ def reevaluate(plan: Plan, profile, cluster: Cluster, budget: int | None) -> Pla
         sc = scenario_for(plan, profile, cluster)
     except (ValueError, KeyError) as e:
         raise UsageError(f"plan does not match the model's layers: {e}") from None
-    return plan_from_scenario(sc, profile=profile, memory_budget_bytes=budget or plan.memory_budget_bytes,
-                              solver=plan.solver, precision=plan.precision, optimizer=plan.optimizer,
-                              notes=plan.notes)
+    return stated(plan_from_scenario(sc, profile=profile,
+                                     memory_budget_bytes=budget.usable if budget.given is not None else None,
+                                     solver=plan.solver, precision=plan.precision, optimizer=plan.optimizer,
+                                     notes=plan.notes), budget)
 
 
 def _layer_order(layers) -> list[str]:
@@ -225,7 +244,7 @@ def write_png_for(path: str, plan: Plan, profile, cluster: Cluster) -> None:
     fd, tmp = tempfile.mkstemp(dir=target.parent if str(target.parent) else ".", prefix=f".{target.name}.")
     os.close(fd)
     try:
-        step_png(tmp, sc, res.timeline, res.memory, budget=plan.memory_budget_bytes,
+        step_png(tmp, sc, res.timeline, res.memory, budget=planned_budget(plan),
                  title=f"{plan.model}: {plan.world} x {plan.device}, step {res.predicted.step_seconds * 1e3:.1f} ms, "
                        f"peak {fmt_bytes(res.predicted.peak_bytes)}")
         os.replace(tmp, target)

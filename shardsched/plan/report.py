@@ -142,11 +142,21 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+def budget_words(plan: Plan) -> str:
+    """The budget as the plan states it: "budget 40 GiB, usable 37 GiB after 3 GiB headroom"."""
+    given = fmt_bytes(plan.memory_budget_bytes) if plan.memory_budget_bytes else "none"
+    if plan.usable_budget_bytes is None:
+        return f"budget {given}"
+    usable = f"usable {fmt_bytes(plan.usable_budget_bytes)}"
+    if plan.memory_budget_bytes is None:
+        usable = f"usable device memory {fmt_bytes(plan.usable_budget_bytes)}"
+    return f"budget {given}, {usable} after {fmt_bytes(plan.headroom_bytes)} headroom"
+
+
 def summary_lines(plan: Plan) -> list[str]:
     p, m, s = plan.predicted, plan.predicted.memory, plan.solver
-    budget = fmt_bytes(plan.memory_budget_bytes) if plan.memory_budget_bytes else "none"
     lines = [
-        f"predicted peak per worker: {fmt_bytes(p.peak_bytes)} (budget {budget}) at {p.peak_at}",
+        f"predicted peak per worker: {fmt_bytes(p.peak_bytes)} ({budget_words(plan)}) at {p.peak_at}",
         f"  params {fmt_bytes(m.params)}, grads {fmt_bytes(m.grads)}, optimizer {fmt_bytes(m.optimizer)},",
         f"  activations {fmt_bytes(m.activations)}, comm buffers {fmt_bytes(m.comm_buffers)}",
         f"  model states (ZeRO's definition) {fmt_bytes(p.model_states_bytes)}",

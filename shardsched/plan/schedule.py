@@ -85,7 +85,8 @@ def make_scenario(costs, strategies, fwd, bwd, *, plan: Plan | None = None, prof
                   backward_launch=tuple(bwd), cluster=cluster, state=sb,
                   input_bytes=profile.input_bytes, optimizer_seconds=opt_seconds,
                   optimizer_workspace_factor=OPTIMIZER_WORKSPACE_FACTOR[optimizer.value],
-                  checkpoint=tuple(checkpoint) if any(checkpoint) else ())
+                  checkpoint=tuple(checkpoint) if any(checkpoint) else (),
+                  root_tied_numel=profile.root_tied_numel)
     # A plan DDP runs (`Scenario.on_ddp`) pays none of FSDP2's host work. The MILP prices
     # every choice with it; `auto` still picks an all-replicate plan when it is fastest,
     # since its final choice is by the simulator.

@@ -97,7 +97,7 @@ def kept_when_checkpointed(layer: LayerProfile) -> int:
 # post-backward also reshards the unit, so every module after the first (in backward)
 # gathers the whole unit again, shard_grad_op included: its copy-out holds the AllGather
 # output and the unsharded parameters next to that ReduceScatter input and the
-# activations of layers 0..k (`UnitCost.backward_regather`; swiglu-3x256, one unit of 5
+# activations of layers 0..k (`UnitCost.inner_moments`; swiglu-3x256, one unit of 5
 # layers, shard_grad_op+ckpt: 10.5% under without it). Counting the
 # whole unit's activations at once over-counted by all but one layer (GPT, 4 blocks at
 # seq 1024 in 2 units: +38% at the peak; bench/bench_long_seq_memory.py).
@@ -111,6 +111,10 @@ def kept_when_checkpointed(layer: LayerProfile) -> int:
 # inputs and backward recomputes one call at a time: the calls not being recomputed hold
 # their inputs, the one being recomputed its activations (`recomputed_bytes`). Counting all
 # calls' activations at once over-predicted a twice-applied block by 26%.
+# Its children are not offered as units (the profilers leave `children` empty): their calls
+# interleave (ln1, attn, mlp, ln1, attn, ...), which a chain of units, each run once in
+# order, cannot express (a Transformer block run three times, split into its children, ran
+# 11% above its prediction).
 
 def recomputed_bytes(layer: LayerProfile) -> int:
     """Live bytes of a checkpointed layer while one of its calls is recomputed."""

@@ -59,6 +59,10 @@ def _check_numbers(plan: Plan) -> None:
         raise ValueError(f"seq {plan.seq} must be >= 0")
     if plan.memory_budget_bytes is not None and plan.memory_budget_bytes <= 0:
         raise ValueError(f"memory_budget_bytes {plan.memory_budget_bytes} must be positive or null")
+    if plan.usable_budget_bytes is not None and plan.usable_budget_bytes <= 0:
+        raise ValueError(f"usable_budget_bytes {plan.usable_budget_bytes} must be positive or null")
+    if plan.headroom_bytes < 0:
+        raise ValueError(f"headroom_bytes {plan.headroom_bytes} must not be negative")
     pred = plan.predicted
     for name in ("peak_bytes", "step_seconds", "compute_seconds", "exposed_comm_seconds",
                  "lower_bound_seconds", "model_states_bytes", "comm_seconds"):

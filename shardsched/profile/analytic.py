@@ -6,13 +6,17 @@ milliseconds. Layer names, parameter names and shapes follow
 so the fingerprint, and therefore a plan made from this profile, matches the
 real model.
 
-Time model: FLOPs / `device.flops` (peak * MFU). A linear layer with P weights
-costs 2*P FLOPs per token forward (Kaplan et al. 2020, "Scaling laws", Sec. 2.1)
-and twice that backward (input and weight gradients). Attention adds QK^T and
-AV: 2 matmuls * 2 FLOPs * b*s^2*h forward. We do NOT halve it for the causal
-mask, as in Narayanan et al. 2021 (Megatron-LM, eq. 3), so that MFU figures are
-comparable with theirs; flash kernels that skip masked tiles are then ~2x faster
-on attention than predicted, which errs on the safe side.
+Time model: FLOPs per op class at that class's efficiency
+(`DeviceSpec.compute_seconds`: "matmul" and "attention"; a class the device does
+not list runs at `mfu`). A linear layer with P weights costs 2*P FLOPs per token
+forward (Kaplan et al. 2020, "Scaling laws", Sec. 2.1) and twice that backward
+(input and weight gradients). Attention adds QK^T and AV: 2 matmuls * 2 FLOPs *
+b*s^2*h forward without a mask; the model is causal, and the kernels it runs skip
+the masked half (FlashAttention-2's causal tiles; PyTorch's CPU flash kernel stops
+each query block at the diagonal), so it is priced at the lower triangle, s(s+1)/2
+of s^2 ([Note: causal attention FLOPs]), its backward at 2.5x. Published MFU figures
+(Megatron-LM, Narayanan et al. 2021, eq. 3; llm-foundry; torchtitan) count the
+unmasked 4*b*s^2*h: compare throughput, not MFUs.
 """
 from __future__ import annotations
 
@@ -29,9 +33,9 @@ from shardsched.models.gpt_config import GPTConfig
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 # Memory bandwidth for the memory-bound pieces (embedding gather, norms), from
-# vendor datasheets: V100 SXM2 900 GB/s, A100 80GB 2.0 TB/s, H100 SXM 3.35 TB/s;
+# vendor datasheets: V100 SXM2 900 GB/s, A100 80GB 2.0 TB/s, H100 SXM 3.35 TB/s, H200 4.8 TB/s;
 # ~20 GB/s for a 2-core CPU. Unknown devices: flops / 100 (a roofline ridge point).
-_MEMORY_BANDWIDTH = {"cpu": 20e9, "v100": 900e9, "a100": 2.0e12, "h100": 3.35e12}
+_MEMORY_BANDWIDTH = {"cpu": 20e9, "v100": 900e9, "a100": 2.0e12, "h100": 3.35e12, "h200": 4.8e12}
 
 Shapes = list[tuple[str, tuple[int, ...]]]
 
@@ -143,13 +147,44 @@ def _mlp_act(cfg: GPTConfig, tokens: int, d: int) -> int:
 
 # ---------------------------------------------------------------- layers
 
+# [Note: causal attention FLOPs]
+# The score and PV matmuls of causal attention compute only the lower triangle: s(s+1)/2
+# of the s^2 score entries, about s^2/2. Flash kernels skip the tiles the mask removes whole
+# (FlashAttention-2, Dao 2023: blocks whose column indices all exceed their row indices are
+# not computed); so does PyTorch's CPU kernel (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp,
+# `num_keys = is_causal ? std::min(m + qBlockSize, kvSize) : kvSize`). FlopCounterMode's SDPA
+# formulas count the full s^2 ("NB: We aren't accounting for causal attention here",
+# torch/utils/flop_counter.py); `causal_attention_flops` here and `profile.attention_flops`'s
+# FlopCounterMode formulas (for traced profiles) count the computed triangle instead.
+ATTENTION_BACKWARD = 2.5
+"""Backward / forward FLOPs of flash attention: it recomputes the scores and runs four gradient
+matmuls, five against the forward's two (FlopCounterMode's `sdpa_backward_flop_count` alike)."""
+
+
+def causal_share(s_q: int, s_k: int, is_causal: bool) -> float:
+    """Share of the s_q x s_k score matrix a causal kernel computes: the ones of
+    `ones(s_q, s_k).tril()` (SDPA's is_causal mask, top-left aligned); s(s+1)/2 of s^2
+    for self-attention."""
+    if not is_causal:
+        return 1.0
+    rows = min(s_q, s_k)
+    return (rows * (rows + 1) / 2 + (s_q - rows) * s_k) / (s_q * s_k)
+
+
+def causal_attention_flops(*, b: int, s: int, h: int, causal: bool = True) -> float:
+    """Forward FLOPs of softmax(QK^T)V over b sequences of s tokens, width h (all heads):
+    two matmuls of 2*b*s^2*h FLOPs each, the lower triangle of them when causal. Its backward is
+    `ATTENTION_BACKWARD` times this."""
+    return 2 * 2 * b * s * s * h * causal_share(s, s, causal)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class _Ctx:
     cfg: GPTConfig
     b: int
     s: int
     d: int
-    flops: float
+    device: DeviceSpec
     bandwidth: float
     fused_rms: bool
 
@@ -157,11 +192,17 @@ class _Ctx:
     def tokens(self) -> int:
         return self.b * self.s
 
+    def seconds(self, matmul: float, attention: float = 0.0) -> float:
+        """Forward seconds of these FLOPs, each class at the device's efficiency for it."""
+        return self.device.compute_seconds({"matmul": matmul, "attention": attention} if attention
+                                           else {"matmul": matmul})
 
-def _leaf(name: str, *, params: int, fwd_seconds: float, act: int, largest: int = 0, inp: int = 0) -> LayerProfile:
+
+def _leaf(name: str, *, params: int, fwd_seconds: float, act: int, largest: int = 0, inp: int = 0,
+          bwd_seconds: float | None = None) -> LayerProfile:
     return LayerProfile(name=name, params=params, forward_seconds=fwd_seconds,
-                        backward_seconds=2 * fwd_seconds, activation_bytes=act, workspace_bytes=2 * largest,
-                        input_bytes=inp)
+                        backward_seconds=2 * fwd_seconds if bwd_seconds is None else bwd_seconds,
+                        activation_bytes=act, workspace_bytes=2 * largest, input_bytes=inp)
 
 
 def _parent(name: str, children: list[LayerProfile], *, d: int, backward_peak: int, extra_fwd: float = 0.0,
@@ -180,18 +221,20 @@ def _parent(name: str, children: list[LayerProfile], *, d: int, backward_peak: i
 
 
 def _block(ctx: _Ctx, prefix: str, shapes: dict[str, Shapes]) -> LayerProfile:
-    """2 * params * tokens per child (norms included, negligible) + attention's 4*b*s^2*h."""
+    """2 * params * tokens per child (norms included, negligible) + causal attention's 2*b*s^2*h."""
     cfg, T, d = ctx.cfg, ctx.tokens, ctx.d
-    attention_flops = 2 * 2 * ctx.b * ctx.s * ctx.s * cfg.hidden
+    attention_flops = causal_attention_flops(b=ctx.b, s=ctx.s, h=cfg.hidden)
     acts = {"ln1": _norm_act(cfg, T, d, ctx.fused_rms), "attn": _attn_act(cfg, b=ctx.b, s=ctx.s, d=d),
             "ln2": _norm_act(cfg, T, d, ctx.fused_rms), "mlp": _mlp_act(cfg, T, d)}
     children = []
     for child, child_shapes in shapes.items():
         p = _count(child_shapes)
-        flops = 2 * p * T + (attention_flops if child.endswith(".attn") else 0)
+        attention = attention_flops if child.endswith(".attn") else 0
         kind = child.rsplit(".", 1)[1]
         # Every child reads one (T, h) tensor of the residual stream (checkpointing keeps it).
-        children.append(_leaf(child, params=p, fwd_seconds=flops / ctx.flops, act=acts[kind],
+        fwd = ctx.seconds(2 * p * T, attention)
+        bwd = ctx.seconds(2 * 2 * p * T, ATTENTION_BACKWARD * attention)
+        children.append(_leaf(child, params=p, fwd_seconds=fwd, bwd_seconds=bwd, act=acts[kind],
                               largest=_largest_saved(cfg, kind, T, d, ctx.fused_rms), inp=T * cfg.hidden * d))
     params, act = sum(c.params for c in children), sum(c.activation_bytes for c in children)
     return _parent(prefix, children, inp=T * cfg.hidden * d, d=d,
@@ -254,9 +297,9 @@ def _head(ctx: _Ctx, shapes: dict[str, Shapes]) -> LayerProfile:
     cfg, T, d = ctx.cfg, ctx.tokens, ctx.d
     ln_p, out_p = _count(shapes["head.ln"]), _count(shapes["head.out"])
     x = T * cfg.hidden * d  # the (T, h) input: what a checkpointed head keeps (targets are example input)
-    ln = _leaf("head.ln", params=ln_p, fwd_seconds=2 * ln_p * T / ctx.flops, act=_norm_act(cfg, T, d, ctx.fused_rms),
+    ln = _leaf("head.ln", params=ln_p, fwd_seconds=ctx.seconds(2 * ln_p * T), act=_norm_act(cfg, T, d, ctx.fused_rms),
                inp=x)
-    out = _leaf("head.out", params=out_p, fwd_seconds=2 * cfg.hidden * cfg.vocab * T / ctx.flops, act=x, inp=x)
+    out = _leaf("head.out", params=out_p, fwd_seconds=ctx.seconds(2 * cfg.hidden * cfg.vocab * T), act=x, inp=x)
     ce_seconds = 3 * T * cfg.vocab * 4 / ctx.bandwidth  # read logits, write fp32 copy and log-probs
     # + 4: nll_loss's 0-d fp32 total_weight; targets are example input (input_bytes).
     # Backward peaks in cross-entropy: the gradient of the fp32 log-probs and of the
@@ -277,7 +320,7 @@ def analytic_profile(config: GPTConfig, *, micro_batch: int, seq: int, device: D
         raise UsageError(f"micro_batch ({micro_batch}) and seq ({seq}) must be positive")
     if config.learned_pos and seq > config.seq:
         raise UsageError(f"seq={seq} exceeds the model's position table ({config.seq})")
-    ctx = _Ctx(cfg=config, b=micro_batch, s=seq, d=DTYPE_BYTES[compute_dtype], flops=device.flops,
+    ctx = _Ctx(cfg=config, b=micro_batch, s=seq, d=DTYPE_BYTES[compute_dtype], device=device,
                bandwidth=_MEMORY_BANDWIDTH.get(device.name, device.flops / 100), fused_rms=_fused_rmsnorm(device))
     children = _layer_children_shapes(config)
     # Every block is the same: build one and rename it (keeps gpt3-175b at ~ms).

@@ -37,6 +37,7 @@ from scipy.optimize import nnls
 
 from shardsched.cost.comm import Collective
 from shardsched.cost.device import DeviceSpec, Link
+from shardsched.profile.analytic import causal_share
 
 MESSAGE_BYTES = tuple(4 ** k * 1024 for k in range(1, 8))
 """The sweep: 4 KiB to 16 MiB, unsharded message bytes."""
@@ -188,8 +189,9 @@ def time_compute(*, device: torch.device, dtype: torch.dtype = torch.float32,
     """{op class: [(FLOPs, seconds)]} for forward+backward of each timed op.
 
     FLOPs as the profiles count them: 2mkn per matmul forward, 4 b s^2 (h d) per
-    attention forward (`profile.analytic`, no causal halving), one per element per
-    elementwise op; backward twice forward."""
+    attention forward over the triangle a causal kernel computes (`analytic.causal_share`,
+    as the traced and analytic profiles count it), one per element per elementwise op;
+    backward twice forward (matmul, elementwise) and 2.5x for attention (FlopCounterMode's)."""
     sync, out = _syncer(device), {"matmul": [], "attention": [], "other": []}
     rand = lambda *shape: torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)  # noqa: E731
     for m, k, n in MATMULS:
@@ -198,7 +200,8 @@ def time_compute(*, device: torch.device, dtype: torch.dtype = torch.float32,
     for b, h, s, d in ATTENTIONS:
         q, kk, v = rand(b, h, s, d), rand(b, h, s, d), rand(b, h, s, d)
         fn = _fwd_bwd(lambda: F.scaled_dot_product_attention(q, kk, v, is_causal=True))
-        out["attention"].append((3 * 4 * b * s * s * h * d, typical(fn, repeats=repeats, sync=sync)))
+        flops = 3.5 * 4 * b * s * s * h * d * causal_share(s, s, True)
+        out["attention"].append((flops, typical(fn, repeats=repeats, sync=sync)))
     for numel in ELEMENTWISE:
         x = rand(numel)
         out["other"].append((3 * numel, typical(_fwd_bwd(lambda: F.gelu(x)), repeats=repeats, sync=sync)))

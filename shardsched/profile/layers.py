@@ -163,6 +163,8 @@ class Assignment(NamedTuple):
     """Layer -> its parameters, each tensor in exactly one layer."""
     tied: tuple[tuple[str, ...], ...]
     """Every tied set (names of one tensor)."""
+    root_tied_numel: int = 0
+    """Elements of the tied tensors the root owns (a tied embedding and head)."""
 
 
 def assign(model: nn.Module, layers: Sequence[str], ran: Sequence[str]) -> Assignment:
@@ -182,7 +184,9 @@ def assign(model: nn.Module, layers: Sequence[str], ran: Sequence[str]) -> Assig
         holder = _holder(by_id[id(p)], [lay for lay in kept if lay != ROOT])
         params[holder if holder is not None else ROOT].append(p)
     order = ([ROOT] if params[ROOT] else []) + [lay for lay in kept if lay != ROOT and params[lay]]
-    return Assignment(layers=order, params={lay: params[lay] for lay in order}, tied=tied_sets(model))
+    root_tied = sum(p.numel() for p in params[ROOT] if len(by_id[id(p)]) > 1)
+    return Assignment(layers=order, params={lay: params[lay] for lay in order}, tied=tied_sets(model),
+                      root_tied_numel=root_tied)
 
 
 def param_children(model: nn.Module, layer: str) -> list[str]:

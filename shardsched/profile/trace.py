@@ -39,6 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from shardsched.cost.device import DeviceSpec
 from shardsched.errors import UsageError
 from shardsched.profile import layers as L
+from shardsched.profile.attention_flops import CAUSAL_SDPA_FORMULAS
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.profile.workspace import ROOT_TAIL, BackwardWorkspace
@@ -59,14 +60,6 @@ def _op_class(packet) -> str:
     return next((c for c, ops in _CLASSES.items() if packet in ops), "attention")
 
 
-def _cpu_flash(query, key, value, *args, out_val=None, **kwargs) -> int:
-    return fc.sdpa_flop_count(query, key, value)
-
-
-def _cpu_flash_backward(grad_out, query, key, value, *args, out_val=None, **kwargs) -> int:
-    return fc.sdpa_backward_flop_count(grad_out, query, key, value)
-
-
 def _grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
     """MoE experts' grouped matmul (no formula in FlopCounterMode, which passes shapes):
     2 x output x contraction; when both operands are 2-D the groups split the contraction."""
@@ -74,9 +67,9 @@ def _grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * math.prod(out_shape) * a_shape[-1] // groups
 
 
-_CUSTOM = {_aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash,
-           _aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_flash_backward,
-           _aten._grouped_mm: _grouped_mm_flops}
+# SDPA on fake CPU tensors dispatches to the CPU flash kernel; FlopCounterMode prices it over
+# the full score matrix, these the triangle a causal kernel computes (`profile.attention_flops`).
+_CUSTOM = {**CAUSAL_SDPA_FORMULAS, _aten._grouped_mm: _grouped_mm_flops}
 
 
 class _FakeRules(TorchDispatchMode):
@@ -587,6 +580,8 @@ def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
     for n in asg.layers:
         kids = children.get(n, [])
         kids = [c for c in tracer.kids_ran if c in kids] if all(c in tracer.kids_ran for c in kids) else []
+        if tracer.stats.calls.get(n, 1) > 1:  # [Note: repeated modules]: never split into children
+            kids = []
         kid_profiles = tuple(_layer(c, _unique(model.get_submodule(c).parameters()), tracer.stats, device)
                              for c in kids)
         out.append(_layer(n, asg.params[n], tracer.stats, device, kid_profiles))
@@ -594,5 +589,6 @@ def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
     micro_batch, seq = batch_and_seq(inputs)
     return Profile(model=name, layers=tuple(out), fingerprint=fingerprint(model), compute_dtype=compute_dtype,
                    micro_batch=micro_batch, seq=seq, input_bytes=sum(_nbytes([t]) for t in L.tensors_in(inputs)),
-                   source="traced", tied=asg.tied, extra={"device": device.name, "torch": torch.__version__,
+                   source="traced", tied=asg.tied, root_tied_numel=asg.root_tied_numel,
+                   extra={"device": device.name, "torch": torch.__version__,
                                                           **L.notes_extra(model)})

@@ -98,6 +98,10 @@ class Profile:
     """Tied sets: the names of each parameter reachable by more than one name
     (tied embeddings). Each lives whole in one layer, or in the root layer "",
     and is counted once (profile/layers.py, [Note: the root unit and tied parameters])."""
+    root_tied_numel: int = 0
+    """Elements of the tied tensors the root layer owns: their gradient sums a use at the end
+    of forward (a tied head) with one at its start, so it is live through all of backward,
+    on DDP too (`sim.memory` [Note: plans that run on DDP])."""
     extra: dict = field(default_factory=dict)
     """Free-form provenance (device, config)."""
 

@@ -102,6 +102,9 @@ def _memory_panel(ax, summary: dict) -> None:
     budget = summary.get("memory_budget_bytes")
     if budget:
         ax.axhline(budget / MiB, color="tab:green", ls="-.", label=f"budget {fmt_bytes(budget)}")
+    usable = summary.get("usable_budget_bytes")
+    if budget and usable and usable != budget:  # what the plan was fitted to, less --headroom
+        ax.axhline(usable / MiB, color="tab:olive", ls=":", label=f"usable {fmt_bytes(usable)}")
     ax.set(title="peak memory per worker", xlabel="worker", ylabel="MiB", xticks=ranks)
     top = max([(p or 0) / MiB for p in peaks] + [(summary.get(k) or 0) / MiB
                                                  for k in ("predicted_peak_bytes", "memory_budget_bytes")])

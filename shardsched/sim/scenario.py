@@ -13,10 +13,25 @@ which maps one-to-one onto FSDP2's `set_modules_to_forward_prefetch` /
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import StateBytes, shard_numel
+from shardsched.cost.strategy import shard_count
 from shardsched.core.types import Strategy
+
+
+class Inner(NamedTuple):
+    """One moment inside a fused unit's backward (`UnitCost.inner_moments`)."""
+
+    own: int
+    """Its own bytes that do not depend on the strategy: gradients, activations, workspace."""
+    reducing: int
+    """The layer whose ReduceScatter input is live."""
+    done: int
+    """The layers after this one have reduced: their sharded gradients are live."""
+    gathered: bool
+    """Its AllGather output is live (a module's copy-out)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,21 +82,13 @@ class UnitCost:
         sizes = [n * shard_numel(sum(d for _, d in dims), dims, n) if dims else 0 for dims in self.layer_dims]
         return sizes[0] if last else max(sizes)
 
-    def checkpointed_backward(self, reduce_bytes: float) -> tuple[int, int]:
-        """Its own bytes at the peak of its backward when checkpointed, as (at its last
-        layer, the most at its other layers): layer k is recomputed while the layers
-        before it keep their inputs; FSDP2 reduces each module's gradients as its backward
-        ends, keeping the last ReduceScatter input (`reduce_bytes` per parameter of layer
-        k+1) while layer k runs. At its last layer that input is the previous unit's (the
-        simulator's)."""
-        layers, before, last, inner = self.layer_bytes, 0, 0, 0
-        for k, (kept, _, ws, _, redo, _, _) in enumerate(layers):
-            if k + 1 < len(layers):
-                inner = max(inner, int(before + redo + ws + layers[k + 1][3] * reduce_bytes))
-            else:  # the loss after it already ran its backward, freeing what it saved
-                last = before + redo - self.outside_activation_bytes + ws
-            before += kept
-        return last, inner
+    def checkpointed_start(self) -> int:
+        """Its own bytes as its backward starts when checkpointed: its last layer recomputed
+        (its live bytes) and its workspace, next to the kept inputs of the layers before it;
+        the loss after it already ran its backward, freeing what it saved."""
+        before = sum(b.kept for b in self.layer_bytes[:-1])
+        last = self.layer_bytes[-1]
+        return before + last.redo - self.outside_activation_bytes + last.ws
 
     def backward_peak(self) -> int:
         """Its own activations and workspace at the peak of its backward when not
@@ -112,37 +119,61 @@ class UnitCost:
             best = max(best, acts - (self.outside_activation_bytes if k == last else 0) + extra(b))
         return best
 
-    def module_ends(self, grad_bytes: float, reduce_bytes: float, *, checkpointed: bool) -> tuple[
-            tuple[int, int, int], tuple[int, int, int], tuple[int, int, int]]:
-        """A unit of several modules, as FSDP2 reduces it module by module: its own (gradients,
-        activations and workspace, reduction input) bytes at the end of its last layer's
-        backward (the previous unit's ReduceScatter input held: the caller's), the most at the
-        end of another layer's (layer k+1's input held), and the most at a module's reduce.
-        Layer k's backward ends with its unsharded gradients and workspace next to the
-        activations (kept bytes when checkpointed) of layers 0..k-1; charging the whole unit's
-        gradients next to its largest workspace over-predicted fused HF decoders by 12-18%."""
-        layers, before = self.layer_bytes, 0
-        last = inner = red = (0, 0, 0)
-        for k, (kept, act, ws, params, _, _, _) in enumerate(layers):
-            g = int(params * grad_bytes)
-            if k + 1 < len(layers):
-                inner = max(inner, (g, before + ws, int(layers[k + 1][3] * reduce_bytes)), key=sum)
-            else:
-                last = (g, before + ws, 0)
-            red = max(red, (g, before, int(params * reduce_bytes)), key=sum)
-            before += kept if checkpointed else act
-        return last, inner, red
+    def last_end(self, grad_bytes: float, *, checkpointed: bool) -> int:
+        """Its own bytes at the end of its last layer's backward (the first to run backward):
+        that layer's unsharded gradients and workspace next to the activations (kept bytes
+        when checkpointed) of the layers before it; the previous unit's ReduceScatter input
+        is held (the caller's)."""
+        before = sum(b.kept if checkpointed else b.act for b in self.layer_bytes[:-1])
+        last = self.layer_bytes[-1]
+        return int(last.params * grad_bytes) + before + last.ws
 
-    def backward_regather(self, reduce_bytes: float, *, checkpointed: bool) -> int:
-        """Its own bytes at the copy-out of a later module's AllGather in its backward:
-        the most over k < last of the activations of layers 0..k (their kept bytes when
-        checkpointed: k not yet recomputed) and layer k+1's ReduceScatter input."""
-        best, acts = 0, 0
-        for k in range(len(self.layer_bytes) - 1):
-            kept, act, _, _, _, _, _ = self.layer_bytes[k]
-            acts += kept if checkpointed else act
-            best = max(best, int(acts + self.layer_bytes[k + 1][3] * reduce_bytes))
-        return best
+    def inner_moments(self, grad_bytes: float, *, checkpointed: bool) -> dict[tuple[str, int], Inner]:
+        """The moments of a fused unit's backward after its last layer's end, as FSDP2 (torch
+        2.13) runs it module by module: layer k's backward ends with its unsharded gradients
+        and workspace next to the activations of layers 0..k-1, while layer k+1's ReduceScatter
+        input is held and layers k+1.. hold their reduced (sharded) gradients (and as it starts,
+        its activations are live next to its workspace: a BatchNorm CNN was 9% under without
+        that moment); layer k reduces;
+        checkpointed, layer k is recomputed (its live bytes) next to the kept inputs of the
+        layers before it; a module's pre-backward gathers again (FSDP2 resharded after the
+        module before), its AllGather output next to the activations of layers 0..k. Keyed by
+        (moment, k) so plain and checkpointed moments pair up (`solve.milp`). Charging the
+        whole unit's gradients next to its largest workspace over-predicted fused HF decoders
+        by 12-18%; charging every module's sharded gradients from the start, 5% on a Mixer."""
+        out, before, layers = {}, 0, self.layer_bytes
+        for k, b in enumerate(layers):
+            g = int(b.params * grad_bytes)
+            if k + 1 < len(layers):
+                out["end", k] = Inner(g + before + b.ws, k + 1, k, False)
+                if not checkpointed:  # its backward starts: its activations still live
+                    out["start", k] = Inner(before + b.act + b.ws, k + 1, k, False)
+                else:
+                    out["redo", k] = Inner(before + b.redo + b.ws, k + 1, k, False)
+                out["regather", k] = Inner(before + (b.kept if checkpointed else b.act), k + 1, k, True)
+            out["reduce", k] = Inner(g + before, k, k, False)
+            before += b.kept if checkpointed else b.act
+        return out
+
+    def layer_reduce_bytes(self, n: int, reduce_bytes: float) -> list[int]:
+        """Each layer's ReduceScatter input over n shards, in bytes: FSDP2 pads every
+        parameter's dim 0 to a multiple of n (a CNN's 24 channels reduce as 64 at world 64:
+        counting them unpadded was 7% under). Without per-layer dims, its parameters."""
+        return [int(n * shard * reduce_bytes) for shard in self._layer_shards(n)]
+
+    def done_grad_bytes(self, n: int, grad_bytes: float) -> list[int]:
+        """Per layer k: the sharded gradients of the layers after k (reduced before k's backward
+        ends), over n shards."""
+        shards, out, after = self._layer_shards(n), [], 0
+        for shard in reversed(shards):
+            out.append(int(after * grad_bytes))
+            after += shard
+        return out[::-1]
+
+    def _layer_shards(self, n: int) -> list[float]:
+        dims = self.layer_dims if len(self.layer_dims) == len(self.layer_bytes) else ()
+        return [shard_numel(sum(d for _, d in dims[k]), dims[k], n) if dims and dims[k] else b.params / n
+                for k, b in enumerate(self.layer_bytes)]
 
     def shard_numel(self, n: int) -> int:
         """Elements per worker sharded n ways (dim 0 of each parameter padded)."""
@@ -169,6 +200,9 @@ class Scenario:
     (foreach Adam materialises a few parameter-sized temporaries)."""
     checkpoint: tuple[bool, ...] = ()
     """Per unit: activation checkpointing on (empty: off everywhere)."""
+    root_tied_numel: int = 0
+    """`Profile.root_tied_numel`: the root's tied tensors, whose gradient a DDP backward holds
+    throughout (`sim.memory` [Note: plans that run on DDP])."""
 
     @property
     def on_ddp(self) -> bool:
@@ -206,26 +240,26 @@ class Scenario:
             return best
         return u.forward_peak()
 
-    def backward_bytes(self, i: int) -> tuple[int, int]:
+    def backward_start(self, i: int) -> int:
         """Activations and workspace of unit i's own as its backward starts, next to the
-        previous unit's ReduceScatter input, and later in its backward (0: none larger):
-        all its activations and its workspace, or, checkpointed, its layers recomputed
-        one by one (`UnitCost.checkpointed_backward`)."""
+        previous unit's ReduceScatter input: all its activations and its workspace, or,
+        checkpointed, its last layer recomputed (`UnitCost.checkpointed_start`)."""
         u = self.units[i]
-        if not self.ckpt(i):
-            return u.backward_peak(), 0
-        return u.checkpointed_backward(self.state.reduce)
+        return u.checkpointed_start() if self.ckpt(i) and u.layer_bytes else u.backward_peak()
 
-    def module_end_bytes(self, i: int):
-        """`UnitCost.module_ends` of unit i (None for a unit of one layer)."""
+    def fused(self, i: int) -> bool:
+        """Unit i holds several modules with per-layer bytes: FSDP2 runs its backward module
+        by module (`UnitCost.inner_moments`)."""
         u = self.units[i]
-        if len(u.layers) < 2 or not u.layer_bytes:
-            return None
-        return u.module_ends(self.state.unsharded_grad, self.state.reduce, checkpointed=self.ckpt(i))
+        return len(u.layers) > 1 and bool(u.layer_bytes)
 
-    def regather_bytes(self, i: int) -> int:
-        """Unit i's own bytes when a later module gathers again in its backward (0: one module)."""
-        return self.units[i].backward_regather(self.state.reduce, checkpointed=self.ckpt(i))
+    def reduce_bytes(self, i: int) -> list[int]:
+        """Each of unit i's layers' ReduceScatter input, padded to its strategy's shard count."""
+        return self.units[i].layer_reduce_bytes(shard_count(self.strategies[i], self.cluster), self.state.reduce)
+
+    def done_bytes(self, i: int) -> list[int]:
+        """Per layer of unit i: the sharded gradients of the layers after it."""
+        return self.units[i].done_grad_bytes(shard_count(self.strategies[i], self.cluster), self.state.grad)
 
     def backward_seconds(self, i: int) -> float:
         """A checkpointed unit recomputes its forward inside its backward."""

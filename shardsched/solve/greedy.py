@@ -100,23 +100,18 @@ class Evaluator:
         base = pers + U[i] + G[i + 1] + (c.root_grad if holds_root_grad(i, n) else 0)
         u = unsh[i]
         ck = bool(ch.ckpt and ch.ckpt[i])
-        own, later = c.ckbwd[i] if ck else (c.bwd_own[i], 0)  # `Scenario.backward_bytes`
-        own_sharded = G[i] - G[i + 1]  # its modules done reduced theirs (`sim.memory._backward`)
-        m = max(u + self.act[i] + own + held_rs + inc[s],  # backward starts (checkpointed: recomputed)
-                u + self.act[i] + later + own_sharded + inc[s] if later else 0)  # a checkpointed unit's earlier layers
-        if c.ends[i] is None:
+        k = ch.strategies[i]
+        own = c.ck_start[i] if ck else c.bwd_own[i]  # `Scenario.backward_start`
+        m = u + self.act[i] + own + held_rs + inc[s]  # backward starts (checkpointed: recomputed)
+        if c.last_end[i] is None:
             m = max(m, u + c.ugrad[i] + self.act[i] + c.ws[i] + held_rs + inc[s],  # backward ends
                     c.ugrad[i] + self.act[i] + rs[i][0] + inc[s])  # reduce
-        else:  # module by module (`UnitCost.module_ends`)
-            last, inner, red = c.ends[i][ck]
-            m = max(m, u + self.act[i] + last + held_rs + inc[s], u + self.act[i] + max(inner, red) + own_sharded + inc[s])
+        else:  # module by module (`UnitCost.last_end`, `UnitCost.inner_moments`)
+            m = max(m, u + self.act[i] + c.last_end[i][ck] + held_rs + inc[s],
+                    u + self.act[i] + c.inner_most[i][k][ck] + inc[s])
         outside = self.p.costs[i].outside_workspace_bytes  # the loss's backward, before it gathers
         if outside:
             m = max(m, held[i] + self.act[i + 1] + outside + held_rs + exc[s])
-        regather = c.regather[i][ck]  # a later module's copy-out (`Scenario.regather_bytes`)
-        if regather:
-            m = max(m, u + forward_gathers(self.p.costs[i], ch.strategies[i]) * u + self.act[i] + regather
-                    + own_sharded + inc[s])
         if ch.strategies[i].gathers_for_backward:  # copy-out, its post-forward slice still live
             m = max(m, 2 * u + held[i] + self.act[i + 1] + held_rs + exc[s])
         return base + m

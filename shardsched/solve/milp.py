@@ -34,8 +34,9 @@ linear expression of z, ck and x, constrained <= budget. Running sums (persisten
 states, reduced gradients, bytes held between forward and backward: the unsharded
 copy, hpZ's node-sized slice or nothing; retained activations A[i] = A[i-1] + act[i]
 - ck[i] (act[i] - input[i])) are auxiliary variables so rows stay short. A
-checkpointed unit's backward-start row counts its layers recomputed one at a time
-(`UnitCost.checkpointed_backward`, ck[i] terms), its forward row for the start
+checkpointed unit's backward-start row counts its last layer recomputed
+(`UnitCost.checkpointed_start`, a ck[i] term), a fused unit's later moments one row each
+where it binds ([Note: inner moments as rows]), its forward row for the start
 of its last module the other layers' kept inputs (`checkpointed_lead_bytes`); its
 backward copy-out row (gated by big-M on the gathering strategies' z) only its inputs
 and, for full_shard_node, its slice.
@@ -161,20 +162,30 @@ class Costs(NamedTuple):
     inp: list[int]
     """Activations a checkpointed unit retains (its layers' inputs)."""
     ws: list[int]
-    ckbwd: list[tuple[int, int]]
-    """A checkpointed unit's own bytes in its backward, at its last layer and the most at
-    the others' (`UnitCost.checkpointed_backward`)."""
-    regather: list[tuple[int, int]]
-    """A unit's own bytes when a later module gathers again in its backward, plain and
-    checkpointed (`UnitCost.backward_regather`)."""
+    ck_start: list[int]
+    """A checkpointed unit's own bytes as its backward starts (`Scenario.backward_start`)."""
     fwd_own: list[tuple[int, int]]
     """A unit's own bytes at the peak of its forward, plain and checkpointed (`Scenario.forward_bytes`)."""
     bwd_own: list[int]
     """A unit's own bytes as its backward starts, not checkpointed (`UnitCost.backward_peak`)."""
-    ends: list
-    """A unit of several modules: its own bytes at the end of its last layer's backward, at the
-    others' ends and at a module's reduce, plain and checkpointed (`Scenario.module_end_bytes`,
-    each a sum); None for a unit of one layer."""
+    last_end: list
+    """A fused unit: its own bytes at the end of its last layer's backward, plain and
+    checkpointed (`UnitCost.last_end`); None for a unit of one module."""
+    inner: list
+    """A fused unit: the moments after its last layer's end (`UnitCost.inner_moments`), each
+    (plain bytes or None, checkpointed bytes or None, bytes per strategy: the ReduceScatter
+    input, the sharded gradients and the AllGather output it holds); None otherwise."""
+    inner_most: list
+    """Per fused unit and strategy: (plain, checkpointed) the most of `inner` (greedy's)."""
+
+    # [Note: inner moments as rows]
+    # Inside a fused unit's backward, moment k holds bytes that depend on checkpointing (the
+    # activations before layer k) and on the strategy (layer k+1's ReduceScatter input padded
+    # to the shard count, the sharded gradients of the layers done), so the most over k is
+    # not linear in the unit's binaries. Each moment alone is (a constant, a term on the
+    # checkpointing binary, one on the strategy's); a row for every moment that is the
+    # largest for some (strategy, checkpointing) makes the rows' maximum exact at every choice.
+
     rs_kept_by: list[dict]
     """Reduction input retained after its backward, per strategy (`UnitCost.module_reduce_numel`)."""
     lead: list[int]
@@ -199,6 +210,8 @@ def costs_of(p: Problem) -> Costs:
     msg_by = [{k: c.padded_numel(shard_count(k, cl)) * sb.reduce for k in ks} for c in p.costs]
     rs_by = [{k: c.module_reduce_numel(shard_count(k, cl), last=False) * sb.reduce for k in ks} for c in p.costs]
     rs_kept_by = [{k: c.module_reduce_numel(shard_count(k, cl), last=True) * sb.reduce for k in ks} for c in p.costs]
+    inner = [_inner(c, sb, cl, unsh_by[i]) if len(c.layers) > 1 and c.layer_bytes else None
+             for i, c in enumerate(p.costs)]
     plain, ckpt = sc, dataclasses.replace(sc, checkpoint=(True,) * sc.n)  # for `Scenario.forward_bytes`
     return Costs(agf=[{k: gather_seconds(k, b[k], cl, backward=False) for k in ks} for b in unsh_by],
                  agb=[{k: gather_seconds(k, b[k], cl, backward=True) if k.gathers_for_backward else 0.0 for k in ks}
@@ -214,21 +227,39 @@ def costs_of(p: Problem) -> Costs:
                  unsh_by=unsh_by, rs_by=rs_by, root_grad=root_grad_bytes(sc),
                  act=[c.activation_bytes for c in p.costs], inp=[c.input_bytes for c in p.costs],
                  ws=[c.workspace_bytes for c in p.costs],
-                 ckbwd=[c.checkpointed_backward(sb.reduce) for c in p.costs],
-                 regather=[(c.backward_regather(sb.reduce, checkpointed=False),
-                            c.backward_regather(sb.reduce, checkpointed=True)) for c in p.costs],
+                 ck_start=[ckpt.backward_start(i) for i in range(sc.n)],
                  fwd_own=[(plain.forward_bytes(i), ckpt.forward_bytes(i)) for i in range(sc.n)],
                  bwd_own=[c.backward_peak() for c in p.costs], rs_kept_by=rs_kept_by,
-                 ends=[_end_sums(plain, ckpt, i) for i in range(sc.n)],
+                 last_end=[tuple(c.last_end(sb.unsharded_grad, checkpointed=ck) for ck in (False, True))
+                           if plain.fused(i) else None for i, c in enumerate(p.costs)],
+                 inner=inner, inner_most=[_inner_most(rows) for rows in inner],
                  lead=[c.lead_activation_bytes for c in p.costs], cklead=[c.checkpointed_lead_bytes for c in p.costs],
                  state=sb, input_bytes=sc.input_bytes, opt_factor=sc.optimizer_workspace_factor,
                  opt_per_param=optimizer_seconds_per_param(sb, cl))
 
 
-def _end_sums(plain, ckpt, i: int):
-    """(plain, checkpointed) sums of `Scenario.module_end_bytes` of unit i, or None."""
-    a, b = plain.module_end_bytes(i), ckpt.module_end_bytes(i)
-    return None if a is None else (tuple(map(sum, a)), tuple(map(sum, b)))
+def _inner(c, sb, cl, unsh: dict) -> list[tuple]:
+    """`Costs.inner` of one fused unit: its moments plain and checkpointed, paired by key,
+    with what each holds per strategy (`sim.memory._Live.inner`)."""
+    ks = tuple(Strategy)
+    rs = {k: c.layer_reduce_bytes(shard_count(k, cl), sb.reduce) for k in ks}
+    done = {k: c.done_grad_bytes(shard_count(k, cl), sb.grad) for k in ks}
+    plain, ck = (c.inner_moments(sb.unsharded_grad, checkpointed=x) for x in (False, True))
+    out = []
+    for key in sorted(set(plain) | set(ck)):
+        m = plain.get(key) or ck[key]
+        per = {k: rs[k][m.reducing] + done[k][m.done] + (forward_gathers(c, k) * unsh[k] if m.gathered else 0)
+               for k in ks}
+        out.append((plain[key].own if key in plain else None, ck[key].own if key in ck else None, per))
+    return out
+
+
+def _inner_most(rows) -> dict | None:
+    """Per strategy, (plain, checkpointed) the most of a fused unit's inner moments."""
+    if rows is None:
+        return None
+    return {k: tuple(max((r[x] + r[2][k] for r in rows if r[x] is not None), default=0) for x in (0, 1))
+            for k in Strategy}
 
 
 def windows(n: int, ahead: int) -> tuple[list[range], list[range]]:
@@ -484,32 +515,24 @@ class _Build:
         (a0, k0), (a1, k1) = self.A[i], self.A[i + 1]
         pend = _add(_add(live, a0), self._pending(s, inclusive=True))
         inp = c.input_bytes + (c.root_grad if holds_root_grad(i, n) else 0)  # `sim.memory.root_grad_bytes`
-        last, later = c.ckbwd[i]
-        start = _add(_add(_add(pend, u), held_rs), self._ck_term(i, last - c.bwd_own[i]))
+        start = _add(_add(_add(pend, u), held_rs), self._ck_term(i, c.ck_start[i] - c.bwd_own[i]))
         self._mem(s, start, k0 + (c.bwd_own[i] + inp) * g, cap)
-        own_sharded = {self.G[i]: 1.0, self.G[i + 1]: -1.0}  # its modules done reduced theirs
-        if later and self.ck[i] is not None:  # its earlier layers recomputed (uncheckpointed: below the row above)
-            self._mem(s, _add(_add(_add(pend, u), own_sharded), self._ck_term(i, later)), k0 + inp * g, cap)
         outside = self.p.costs[i].outside_workspace_bytes
         if outside:  # the loss's backward before the unit gathers (`sim.memory` [Note: the loss ...])
             held = self.zexpr(i, {k: c.held[i][k] * g for k in self.z[i]})
             self._mem(s, _add(_add(_add(_add(live, a1), held), held_rs), self._pending(s, inclusive=False)),
                       k1 + (outside + inp) * g, cap)
-        plain, ckpt = c.regather[i]
-        if plain or ckpt:  # a later module's copy-out: its AllGather output beside the unsharded copy
-            unit = self.p.costs[i]
-            ag = self.zexpr(i, {k: forward_gathers(unit, k) * c.unsh_by[i][k] * g for k in self.z[i]})
-            terms = _add(_add(_add(_add(pend, u), ag), own_sharded), self._ck_term(i, ckpt - plain))
-            self._mem(s, terms, k0 + (plain + inp) * g, cap)
-        if c.ends[i] is None:  # backward ends, reduce
+        if c.last_end[i] is None:  # backward ends, reduce
             self._mem(s, _add(_add(pend, u), held_rs), k0 + (c.ugrad[i] + c.ws[i] + inp) * g, cap)
             self._mem(s, _add(pend, self.zexpr(i, {k: c.rs_by[i][k] * g for k in self.z[i]})),
                       k0 + (c.ugrad[i] + inp) * g, cap)
-        else:  # module by module (`UnitCost.module_ends`): its last layer's end, the others', a reduce
-            plain_ends, ck_ends = c.ends[i]
-            for k, (pl, ck) in enumerate(zip(plain_ends, ck_ends)):
-                held = held_rs if k == 0 else own_sharded
-                self._mem(s, _add(_add(_add(pend, u), held), self._ck_term(i, ck - pl)), k0 + (pl + inp) * g, cap)
+        else:  # module by module (`UnitCost.last_end`, `UnitCost.inner_moments`)
+            pl, ck = c.last_end[i]
+            self._mem(s, _add(_add(_add(pend, u), held_rs), self._ck_term(i, ck - pl)), k0 + (pl + inp) * g, cap)
+            for pl, ck, per in self._binding(i):
+                held = self.zexpr(i, {k: per[k] * g for k in self.z[i]})
+                self._mem(s, _add(_add(_add(pend, u), held), self._ck_term(i, (ck or 0) - (pl or 0))),
+                          k0 + ((pl or 0) + inp) * g, cap)
         gate = [self.z[i][k] for k in self.z[i] if k.gathers_for_backward]
         if gate:  # counts only for those strategies: gate with big-M on their z
             own = self.zexpr(i, {k: ((2 * c.unsh_by[i][k] + c.held[i][k]) * g if k.gathers_for_backward else 0.0)
@@ -523,6 +546,17 @@ class _Build:
     def _ck_term(self, i: int, delta: float) -> dict:
         """`delta` bytes (in GiB) when unit i is checkpointed: a term on its binary."""
         return {self.ck[i]: delta / GiB} if self.ck[i] is not None and delta else {}
+
+    def _binding(self, i: int) -> list[tuple]:
+        """The inner moments of fused unit i that are the largest for some strategy and
+        checkpointing: a row each is exact ([Note: inner moments as rows])."""
+        rows, keep = self.c.inner[i], set()
+        for k in self.z[i]:
+            for x in ((0, 1) if self.ck[i] is not None else (0,)):
+                vals = [(r[x] + r[2][k], j) for j, r in enumerate(rows) if r[x] is not None]
+                if vals:
+                    keep.add(max(vals)[1])
+        return [rows[j] for j in sorted(keep)]
 
     def _bytes_bound(self) -> float:
         c = self.c

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from shardsched._flags import add_layers_argument, layers_items
+from shardsched._flags import add_headroom_argument, add_layers_argument, layers_items
+from shardsched.cost.headroom import headroom_for, usable_budget
 from shardsched._fmt import console, fmt_bytes, fmt_seconds
 from shardsched.errors import UsageError
 from shardsched.models.spec import parse_model_spec
@@ -36,6 +37,7 @@ def add_tradeoff_arguments(p: argparse.ArgumentParser) -> None:
     a("--optimizer", choices=["adam", "sgd"], default="adam")
     a("--budgets", default=None, help="LO:HI:N, e.g. 16GiB:80GiB:12 (default: N=12 from the least-memory plan "
                                       "to where every uniform configuration fits)")
+    add_headroom_argument(p)
     a("--time-limit", type=float, default=None,
       help="safety cut-off in seconds for each auto plan (default none; see `plan --time-limit`)")
     a("--csv", default=None, help="write one row per budget: composition and every configuration's step time")
@@ -57,6 +59,10 @@ def run_tradeoff(args: argparse.Namespace) -> int:
     spec = parse_model_spec(args.model)
     cluster = cluster_from_args(args, python_model=spec.config is None)
     budgets = parse_budgets(args.budgets) if args.budgets else None
+    headroom = headroom_for(args.headroom, cluster.device)
+    if budgets:  # planned at what is left of each budget once --headroom is taken off
+        budgets = [usable_budget(b, device_memory=cluster.device.memory_bytes, headroom=headroom).usable
+                   for b in budgets]
     _check_out("--csv", args.csv)
     _check_out("--png", args.png)
     precision = Precision(args.precision or ("fp32" if cluster.device.name == "cpu" else "bf16-mixed"))
@@ -71,6 +77,9 @@ def run_tradeoff(args: argparse.Namespace) -> int:
         from shardsched.tradeoff.plot import tradeoff_png
         _png_atomic(args.png, points, title=f"{profile.model}: {cluster.world} x {cluster.device.name}, "
                                             f"{cluster.gpus_per_node} per node")
+    print(f"budget column: the usable budget, each --budgets value less --headroom {headroom.text}" if args.budgets
+          else "budget column: usable budgets from the least-memory plan's peak up (no --headroom comes off "
+               "budgets derived from the model)")
     if args.wide:
         console(wide=True).print(table(points))  # one column per uniform configuration: ~200 columns
     else:

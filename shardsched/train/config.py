@@ -26,7 +26,9 @@ class TrainConfig:
     plan: str | None = None
     """Path of a plan.json to apply instead of making one."""
     memory_budget_bytes: int | None = None
-    """Per-worker memory budget the planner must respect."""
+    """Per-worker memory budget the planner must respect, before `headroom` is taken off."""
+    headroom: str | None = None
+    """`--headroom` as given ("5%+1GiB"); None: the device preset's default (`cost.headroom`)."""
     gpus_per_node: int | None = None
     """Workers per node (None: the whole world is one node); the plan carries it and
     the node-aware strategies shard inside, and replicate across, groups of this size."""

@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from shardsched._flags import add_layers_argument
+from shardsched._flags import add_headroom_argument, add_layers_argument
 from shardsched.cost.bytes import parse_bytes
+from shardsched.cost.headroom import parse_headroom
 from shardsched.errors import UsageError
 from shardsched.train.config import TrainConfig
 from shardsched.train.validate import check_config, check_train_args, read_saved_config, validate  # noqa: F401 (bench)
@@ -40,6 +41,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     a("--plan", default=None,
       help="plan.json to apply (from `shardsched plan --json`; with --resume: default the saved run's plan)")
     a("--memory-budget", default=None, help="per-worker memory budget, e.g. 2GiB, 512MiB")
+    add_headroom_argument(parser)
     a("--gpus-per-node", type=int, default=None,
       help="workers per node; must divide the world (default: all workers on one node)")
     a("--run-dir", default=None, help="output directory (default runs/<timestamp>; with --resume: that run)")
@@ -61,7 +63,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 # Flags a resumed run takes from the saved config.json unless given again.
 _FROM_SAVED = ("steps", "seed", "model", "data", "batch", "seq", "lr", "eval_every", "checkpoint_every", "precision",
-               "cluster", "layers")
+               "cluster", "layers", "headroom")
 _DEFAULTS = {"steps": DEFAULT_STEPS, "seed": 0, "model": "tiny", "batch": 8, "seq": 128, "lr": 3e-3,
              "eval_every": 100, "checkpoint_every": 0, "precision": "fp32"}
 
@@ -75,6 +77,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         given = getattr(args, key, None)
         values[key] = given if given is not None else saved.get(key, _DEFAULTS.get(key))
     budget = parse_bytes(args.memory_budget) if args.memory_budget else None
+    if getattr(args, "headroom", None) is not None:
+        parse_headroom(args.headroom)  # one line, exit 2, before any worker starts
     from shardsched.train.resume import run_dir_of
     resumed_dir = str(run_dir_of(args.resume)) if args.resume else None  # --resume may name a checkpoint
     run_dir = args.run_dir or resumed_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"

@@ -98,14 +98,22 @@ def make_local_plan(cfg: TrainConfig, built: Built, *, world: int, profile: Prof
     profile = profile or local_profile(cfg, built, world=world, device=device)
     from shardsched.train.launcher import local_world_size
     cluster = Cluster(world=world, gpus_per_node=cfg.gpus_per_node or local_world_size(world), device=device)
-    budget, notes = cfg.memory_budget_bytes, ()
-    if cfg.strategy in (None, "auto") and budget is None:
-        budget = default_budget(profile, cluster, precision=precision, optimizer=Optimizer.ADAM)
+    from shardsched.cost.headroom import Budget, headroom_for, stated, usable_budget
+    budget = usable_budget(cfg.memory_budget_bytes, device_memory=device.memory_bytes,
+                           headroom=headroom_for(cfg.headroom, device))
+    notes = ()
+    if cfg.strategy in (None, "auto") and cfg.memory_budget_bytes is None:
+        # Computed from the model in usable bytes: no headroom comes off it.
+        default = default_budget(profile, cluster, precision=precision, optimizer=Optimizer.ADAM)
+        budget = Budget(given=default, headroom_bytes=0, usable=default)
         from shardsched._fmt import fmt_bytes
-        notes = (f"default memory budget {fmt_bytes(budget)}: midway between the least-memory plan and "
+        notes = (f"default memory budget {fmt_bytes(default)}: midway between the least-memory plan and "
                  f"shard_grad_op everywhere (give --memory-budget or --strategy to choose)",)
-    plan = make_plan(profile, cluster, strategy=cfg.strategy or "auto",
-                     precision=precision, optimizer="adam", memory_budget_bytes=budget)
+    from shardsched.plan.spec import parse_strategy_spec
+    strategy = cfg.strategy or "auto"
+    planned = budget.usable if budget.given is not None or parse_strategy_spec(strategy).auto else None
+    plan = stated(make_plan(profile, cluster, strategy=strategy, precision=precision,
+                            optimizer="adam", memory_budget_bytes=planned), budget)
     # What was set on the model for training (models.hf.training_defaults), said in the plan.
     return dataclasses.replace(plan, notes=plan.notes + notes + tuple(profile.extra.get("notes", ())))
 

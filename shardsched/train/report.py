@@ -20,6 +20,11 @@ def print_summary(summary: dict) -> None:
     table.add_row(unit, "n/a" if tps is None else f"{tps:,.0f}", "")
     table.add_row("peak memory per worker", fmt_bytes(summary["measured_peak_bytes"]),
                   fmt_bytes(summary["predicted_peak_bytes"]))
+    if summary.get("usable_budget_bytes") is not None:
+        given = summary.get("memory_budget_bytes")
+        table.add_row("usable memory budget", "", f"{fmt_bytes(summary['usable_budget_bytes'])} ("
+                      + (f"{fmt_bytes(given)}" if given else "device memory")
+                      + f" less {fmt_bytes(summary.get('headroom_bytes') or 0)} headroom)")
     table.add_row("step time (median)", fmt_seconds(summary["measured_step_seconds"]),
                   fmt_seconds(summary["predicted_step_seconds"]))
     units = Table(title="units")

@@ -386,17 +386,23 @@ def _summary(run: _Run, start: int, peaks: list) -> dict:
 
 
 def budget_check(plan: Plan, measured_peak: int | None) -> dict:
-    """summary.json's word on the plan's promise: the budget it was made for, and whether
-    the measured peak kept under it (None when either is unknown)."""
+    """summary.json's word on the plan's promise: the budget it was made for, the usable part
+    of it (less `--headroom`), and whether the measured peak kept under that (None when no
+    budget was given or no peak measured)."""
     budget = plan.memory_budget_bytes
-    exceeded = None if budget is None or measured_peak is None else measured_peak > budget
-    return {"memory_budget_bytes": budget, "budget_exceeded": exceeded}
+    usable = plan.usable_budget_bytes or budget if budget is not None else None
+    exceeded = None if usable is None or measured_peak is None else measured_peak > usable
+    return {"memory_budget_bytes": budget, "usable_budget_bytes": plan.usable_budget_bytes,
+            "headroom_bytes": plan.headroom_bytes, "budget_exceeded": exceeded}
 
 
 def budget_warning(summary: dict) -> str | None:
     """One line when the measured peak exceeded the plan's budget: the promise broke."""
     if not summary.get("budget_exceeded"):
         return None
-    peak, budget = summary["measured_peak_bytes"], summary["memory_budget_bytes"]
+    peak, given = summary["measured_peak_bytes"], summary["memory_budget_bytes"]
+    budget = summary.get("usable_budget_bytes") or given
+    usable = f" (usable, of {fmt_bytes(given)} less headroom)" if budget != given else ""
     return (f"train: warning: measured peak {fmt_bytes(peak)} per worker exceeds the plan's memory budget "
-            f"{fmt_bytes(budget)} ({peak / budget - 1:+.1%}; predicted {fmt_bytes(summary['predicted_peak_bytes'])})")
+            f"{fmt_bytes(budget)}{usable} ({peak / budget - 1:+.1%}; "
+            f"predicted {fmt_bytes(summary['predicted_peak_bytes'])})")

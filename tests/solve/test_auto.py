@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
@@ -76,8 +75,6 @@ def test_pins_notes_and_json():
 
 def test_small_model_plans_fast_and_default_budget():
     prof, cl = setup("tiny", 8, 8, "cpu", 4, 128)
-    t0 = time.perf_counter()
-    p = plan(prof, cl, None)
-    assert time.perf_counter() - t0 < 1.0
+    p = plan(prof, cl, None)  # its speed: bench/bench_plan_speed.py (not a timed test)
     assert p.memory_budget_bytes is None and p.predicted.peak_bytes <= cl.device.memory_bytes
     assert p.solver.name == "highs" and p.solver.status == "optimal"

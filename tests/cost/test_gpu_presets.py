@@ -1,0 +1,89 @@
+"""GPU presets from public measurements (issue 18): causal attention priced as such, memory as
+the parts expose it, and the published configurations the efficiencies were fitted to."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from shardsched.cost.device import DEVICES, GiB
+from shardsched.models.gpt import Attention
+from shardsched.models.gpt_config import GPTConfig
+from shardsched.profile.analytic import ATTENTION_BACKWARD, causal_attention_flops, causal_share
+from shardsched.profile.attention_flops import CAUSAL_SDPA_FORMULAS
+
+
+def test_causal_share_counts_the_mask():
+    """Brute force: the ones of SDPA's causal mask, tril of (s_q, s_k)."""
+    for s_q, s_k in ((1, 1), (7, 7), (64, 64), (5, 9), (9, 5)):
+        ones = int(torch.ones(s_q, s_k, dtype=torch.bool).tril().sum())
+        assert causal_share(s_q, s_k, True) == pytest.approx(ones / (s_q * s_k))
+        assert causal_share(s_q, s_k, False) == 1.0
+
+
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_formulas_on_the_real_cpu_kernel(is_causal):
+    """FlopCounterMode with the causal formulas, on the kernel CPU tensors dispatch to:
+    forward 4*b*heads*s^2*d times the computed share, backward 2.5x that."""
+    torch.manual_seed(0)
+    b, heads, s, d = 2, 3, 16, 8
+    q, k, v = (torch.randn(b, heads, s, d, requires_grad=True) for _ in range(3))
+    with FlopCounterMode(display=False, custom_mapping=CAUSAL_SDPA_FORMULAS) as counter:
+        F.scaled_dot_product_attention(q, k, v, is_causal=is_causal).sum().backward()
+    counts = counter.get_flop_counts()["Global"]
+    fwd = counts[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu]
+    bwd = counts[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward]
+    full = 4 * b * heads * s * s * d
+    assert fwd == int(full * causal_share(s, s, is_causal))
+    assert bwd == int(ATTENTION_BACKWARD * full * causal_share(s, s, is_causal))
+
+
+def test_analytic_attention_equals_what_the_kernel_is_counted():
+    """The analytic profile's attention FLOPs == FlopCounterMode's (causal formulas) on the
+    project's own Attention module: the count `profile/trace.py` gets once its `_CUSTOM`
+    maps these two ops to `CAUSAL_SDPA_FORMULAS` (before: exactly 2s/(s+1) times more)."""
+    cfg = GPTConfig(layers=1, hidden=32, heads=4, seq=24)
+    b, s = 2, 24
+    attn = Attention(cfg)
+    x = torch.randn(b, s, cfg.hidden, requires_grad=True)
+    with FlopCounterMode(display=False, custom_mapping=CAUSAL_SDPA_FORMULAS) as counter:
+        attn(x).sum().backward()
+    counts = counter.get_flop_counts()["Global"]
+    fwd = counts[torch.ops.aten._scaled_dot_product_flash_attention_for_cpu]
+    assert fwd == causal_attention_flops(b=b, s=s, h=cfg.hidden)
+    assert fwd == pytest.approx(4 * b * s * s * cfg.hidden * (s + 1) / (2 * s))  # the lower triangle
+
+
+def test_presets_state_memory_as_the_part_exposes_it():
+    assert DEVICES["h100"].memory_bytes == 81089 << 20 and 79 * GiB < DEVICES["h100"].memory_bytes < 80 * GiB
+    assert DEVICES["a100"].memory_bytes == 81049 << 20
+    assert 139 * GiB < DEVICES["h200"].memory_bytes < 140 * GiB
+    assert DEVICES["v100"].memory_bytes == 32510 << 20
+    assert DEVICES["h200"].peak_flops == DEVICES["h100"].peak_flops  # one die: GH100
+    for name in ("a100", "h100", "h200"):
+        assert set(DEVICES[name].efficiency) == {"matmul", "attention"}
+
+
+def _bench():
+    path = Path(__file__).resolve().parents[2] / "bench" / "bench_gpu_presets.py"
+    spec = importlib.util.spec_from_file_location("bench_gpu_presets", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# The one published configuration the two H100 efficiencies cannot bring within 15% (the best
+# minimax fit leaves it at +16.7%; docs/design.md "GPU presets from public measurements").
+KNOWN_MISS = {("h100", "MPT-13B seq 2048"): 0.17}
+
+
+def test_published_configurations_within_15_percent():
+    """Every configuration the presets were set from (bench/bench_gpu_presets.py, ~0.3 s)."""
+    bench = _bench()
+    for cfg in bench.CONFIGS:
+        ratio = bench.predicted_tokens_per_gpu(cfg, DEVICES[cfg.device]) / cfg.tokens_per_gpu
+        assert abs(ratio - 1) <= KNOWN_MISS.get((cfg.device, cfg.name), bench.TOLERANCE), (cfg.name, ratio)
