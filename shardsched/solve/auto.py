@@ -6,7 +6,8 @@ Pipeline (all judged by the simulator, `sim.simulate`, the ground truth):
      scheduled greedily (`solve.greedy`, DeepCompile-style: always feasible when anything
      is), bounded, and the promising ones given to the MILP (`solve.milp`, HiGHS) warm-started
      from their best schedule, within a deterministic node limit: cold, big-M deadlines give
-     weak LP bounds; warm-started HiGHS proves most small groupings optimal at once;
+     weak LP bounds; warm-started HiGHS proves most small groupings optimal at once; the
+     best grouping's schedule is polished move by move before and after (`solve.local`);
   3. the fastest fitting schedule of all, re-simulated, with the least bound over the
      whole space: "optimal" only when the plan meets it (docs/design.md, "Plans you can trust").
 """
@@ -67,6 +68,7 @@ def search_space(problems: list[Problem], effort: Effort, pins: dict) -> dict:
             "pinned_layers": len(pins),
             "work_limit": {"mip_nodes": effort.node_limit(), "milp_up_to_units": int(effort.milp_units * effort.scale),
                            "milp_best_grouping_up_to_units": int(effort.lead_units * effort.scale),
+                           "local_search_unit_evaluations": int(effort.local_work * effort.scale),
                            "threads": 1, "random_seed": 0}}
 
 

@@ -1,0 +1,152 @@
+"""Deterministic local search: polish one grouping's best schedule, move by move.
+
+Where the MILP stops at its node limit (or is not run: groupings above `Effort.milp_units`)
+the schedule it returns is often a few percent from what a longer search finds, and the
+distance is made of many small, independent choices: one unit's strategy (full_shard_node
+instead of hybrid_shard), one unit's checkpointing, one AllGather launched a step earlier.
+Each such choice is a move here, re-scored exactly by greedy's `Evaluator` (the fast peak,
+then the replay), so nothing is approximated:
+  1. single moves, first improvement, scanning units in order: a unit's strategy (its backward
+     AllGather kept where it was, or at its use), its checkpointing, its forward or backward
+     AllGather one step earlier or later (within `milp.windows`, the declared space);
+  2. when no single move improves: exchanges. A faster move that does not fit is paired with a
+     move that frees memory at the least cost (at the budget, speed in one unit is bought with
+     memory from another: the 24-layer GPT on 512 A100s at 8 GiB needed such pairs).
+Work is counted in evaluations (`Effort.local_evals`), never in seconds ([Note: determinism]
+in `solve.search`); the result is never slower than the start and always fits the budget.
+"""
+from __future__ import annotations
+
+from typing import Iterator, NamedTuple
+
+from shardsched.solve.candidates import Choice, Problem
+from shardsched.solve.greedy import Evaluator, _hoisted, _with
+
+PAIR_TRIES = 8
+"""Exchanges tried per round: the best PAIR_TRIES faster moves x the PAIR_TRIES cheapest freeing ones."""
+
+
+class Move(NamedTuple):
+    """One candidate schedule, with what it costs: seconds and peak relative to the current one."""
+
+    choice: Choice
+    dt: float
+    dpeak: int
+
+
+class Local:
+    """The search state: the current schedule, its seconds and peak, and the evaluations left."""
+
+    def __init__(self, p: Problem, ch: Choice, *, budget: int, ahead: int, evals: int):
+        self.ev, self.p, self.budget, self.ahead, self.left = Evaluator(p), p, budget, ahead, evals
+        self.ch, self.t, self.peak = ch, self.ev.seconds(ch), self.ev.peak(ch)
+
+    def _score(self, ch: Choice, *, need_fit: bool) -> tuple[float, int] | None:
+        """(seconds, peak) of `ch`; None when out of work, or when it must fit and does not."""
+        if self.left <= 0:
+            return None
+        self.left -= 1
+        peak = self.ev.peak(ch)
+        if need_fit and peak > self.budget:
+            return None
+        return self.ev.seconds(ch), peak
+
+    def _take(self, ch: Choice, t: float, peak: int) -> bool:
+        if peak <= self.budget and t < self.t * (1 - 1e-12):
+            self.ch, self.t, self.peak = ch, t, peak
+            return True
+        return False
+
+
+def neighbours(p: Problem, ch: Choice, i: int, *, ahead: int) -> Iterator[Choice]:
+    """Every single move at unit i, in a fixed order."""
+    n = p.n
+    for k in p.allowed[i]:
+        if k is ch.strategies[i]:
+            continue
+        moved = _with(ch, i, k)
+        if k.gathers_for_backward and ch.bwd[i] is not None:
+            moved = _hoisted(moved, bwd={i: ch.bwd[i]})
+        yield moved
+    if p.can_checkpoint(i):
+        ck = ch.ckpt or (False,) * n
+        flipped = ck[:i] + (not ck[i],) + ck[i + 1:]
+        yield ch._replace(ckpt=flipped if any(flipped) else ())
+    lo, hi = max(0, i - ahead), i
+    for f in _steps(ch.fwd[i], lo, hi):
+        yield _hoisted(ch, fwd={i: f})
+    if ch.bwd[i] is not None:
+        for b in _steps(ch.bwd[i], max(n, 2 * n - 1 - i - ahead), 2 * n - 1 - i):
+            yield _hoisted(ch, bwd={i: b})
+
+
+def _steps(at: int, lo: int, hi: int) -> list[int]:
+    """Launch points 1, 2, 4, 8, ... steps earlier or later than `at`, within [lo, hi]: a
+    deeper prefetch pays only once it clears the channel's queue, which one step may not."""
+    out, d = [], 1
+    while at - d >= lo or at + d <= hi:
+        out += [x for x in (at - d, at + d) if lo <= x <= hi]
+        d *= 2
+    return out
+
+
+def _singles(s: Local) -> bool:
+    """One pass of first-improvement single moves; whether any was taken."""
+    took = False
+    for i in range(s.p.n):
+        for cand in neighbours(s.p, s.ch, i, ahead=s.ahead):
+            r = s._score(cand, need_fit=True)
+            if r is not None and s._take(cand, *r):
+                took = True
+                break  # unit i changed: its other moves are relative to the old schedule
+    return took
+
+
+def _survey(s: Local) -> list[Move]:
+    """Every single move, fitting or not, with its cost (for the exchanges)."""
+    out = []
+    for i in range(s.p.n):
+        for cand in neighbours(s.p, s.ch, i, ahead=s.ahead):
+            r = s._score(cand, need_fit=False)
+            if r is None:
+                return out
+            out.append(Move(cand, r[0] - s.t, r[1] - s.peak))
+    return out
+
+
+def _merge(p: Problem, a: Choice, b: Choice, base: Choice) -> Choice:
+    """`a`'s changes and `b`'s changes (relative to `base`) together."""
+    def full(ch: Choice) -> Choice:
+        return ch._replace(ckpt=ch.ckpt or (False,) * p.n)
+
+    a, b, base = full(a), full(b), full(base)
+    fields = [tuple(vb[i] if va[i] == v0[i] else va[i] for i in range(p.n))
+              for va, vb, v0 in zip(a, b, base)]
+    return Choice(*fields[:3], fields[3] if any(fields[3]) else ())
+
+
+def _exchange(s: Local) -> bool:
+    """The best fitting pair of a faster move that does not fit and a move that frees memory."""
+    moves = _survey(s)
+    faster = sorted((m for m in moves if m.dt < 0 and s.peak + m.dpeak > s.budget), key=lambda m: m.dt)
+    freeing = sorted((m for m in moves if m.dpeak < 0), key=lambda m: (m.dt / -m.dpeak, m.dt))
+    for up in faster[:PAIR_TRIES]:
+        over = s.peak + up.dpeak - s.budget
+        for down in [m for m in freeing if -m.dpeak >= over and m.dt + up.dt < 0][:PAIR_TRIES]:
+            cand = _merge(s.p, up.choice, down.choice, s.ch)
+            r = s._score(cand, need_fit=True)
+            if r is not None and s._take(cand, *r):
+                return True
+    return False
+
+
+def polish(p: Problem, ch: Choice, *, budget: int, ahead: int, evals: int) -> Choice:
+    """The best schedule the moves reach from `ch` within `evals` evaluations (`ch` itself
+    when none is faster). `ch` must fit."""
+    s = Local(p, ch, budget=budget, ahead=ahead, evals=evals)
+    while s.left > 0:
+        if _singles(s):
+            continue
+        if not _exchange(s):
+            break
+    return s.ch
