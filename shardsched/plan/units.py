@@ -180,6 +180,7 @@ def unit_cost(layers: list[LayerProfile]) -> UnitCost:
                     outside_workspace_bytes=layers[-1].outside_workspace_bytes,
                     outside_activation_bytes=layers[-1].outside_bytes if layers[-1].outside_workspace_bytes else 0,
                     input_bytes=sum(map(kept_when_checkpointed, layers)),
+                    entry_bytes=layers[0].entry_bytes,
                     layer_bytes=layer_bytes(layers),
                     layer_dims=tuple(layer.dims for layer in layers) if all(
                         layer.dims or not layer.params for layer in layers) else ())

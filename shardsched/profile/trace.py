@@ -154,6 +154,7 @@ class _Stats:
         self.workspace: dict[str, int] = defaultdict(int)  # measured, `profile.workspace`
         self.itemsize = 4  # of the compute dtype: the bytes of a gradient element
         self.inputs: dict[str, int] = defaultdict(int)
+        self.entry: dict[str, int] = defaultdict(int)  # `LayerProfile.entry_bytes`
         self.calls: dict[str, int] = defaultdict(int)  # forward calls of each module
         self.forward_peak: dict[str, int] = defaultdict(int)  # measured, [Note: forward windows]
         self.forward_nosave: dict[str, int] = defaultdict(int)  # the same, saving nothing
@@ -174,6 +175,7 @@ class _Tracer:
         self.last: str | None = None
         self.bwd_key: tuple[str, ...] = ()
         self.stats = _Stats()
+        self.saved_keys: set = set()  # storages saved for backward so far (and persistent ones): `_run`
         self.handles = []
         for name in [*layers, *self.parent]:
             self._attach(model.get_submodule(name), name)
@@ -184,6 +186,10 @@ class _Tracer:
             # unit of its own) keeps them all; a module applied several times (ALBERT's shared
             # layer) is one layer with `calls` > 1 ([Note: repeated modules] in plan/units.py).
             self.stats.inputs[name] += _nbytes(L.tensors_in((args, kwargs)))
+            if not self.stats.calls[name]:  # its first call: the input nothing saved yet
+                fresh = {_storage_key(t): t for t in L.tensors_in((args, kwargs))
+                         if _storage_key(t) not in self.saved_keys}
+                self.stats.entry[name] = _nbytes(list(fresh.values()))
             self.stats.calls[name] += 1
             if name in self.layer_set:
                 if name not in self.ran:
@@ -318,6 +324,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
     fake_inputs = _fake_inputs(inputs, dtype, mode)
     exclude = {_storage_key(t) for t in [*state.values(), *L.tensors_in(fake_inputs)]}
     tracer = _Tracer(model, names, children)
+    tracer.saved_keys = exclude
     tracer.stats.itemsize = torch.empty((), dtype=dtype).element_size()
     ws = BackwardWorkspace(model, names, list(tracer.parent), persistent=[*state.values(), *L.tensors_in(fake_inputs)])
     kept: list[torch.Tensor] = []  # keep saved storages alive: no StorageImpl reuse while we dedupe
@@ -458,14 +465,14 @@ def _expand(tracer: _Tracer, full: list[str], kids: list[str], stacks) -> None:
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
                   {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
                   [d.get(src, 0) for d in (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
-                                    st.forward_nosave)]) for _, src in targets}
+                                    st.forward_nosave, st.entry)]) for _, src in targets}
     for name, src in targets:
         flops, moved, rest = snap[src]
         for ph in ("fwd", "bwd"):
             st.flops[ph][name] = defaultdict(float, flops[ph])
             st.moved[ph][name] = moved[ph]
         for d, v in zip((st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
-                                    st.forward_nosave), rest):
+                                    st.forward_nosave, st.entry), rest):
             d[name] = v
 
     def order(ran: list[str], names: list[str]) -> list[str]:
@@ -535,7 +542,7 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         outside_workspace_bytes=outside_workspace(st.outside_largest.get(name, 0)) if name != L.ROOT else 0,
         forward_peak_bytes=st.forward_peak.get(name, 0) if name != L.ROOT else 0,
         checkpointed_forward_bytes=st.forward_nosave.get(name, 0) if name != L.ROOT else 0,
-        input_bytes=st.inputs.get(name, 0), outside_bytes=st.outside.get(name, 0), calls=max(1, st.calls.get(name, 1)),
+        input_bytes=st.inputs.get(name, 0), entry_bytes=st.entry.get(name, 0), outside_bytes=st.outside.get(name, 0), calls=max(1, st.calls.get(name, 1)),
         forward_flops=fwd,
         backward_flops=bwd,
         forward_moved_bytes=st.moved["fwd"].get(name, 0), backward_moved_bytes=st.moved["bwd"].get(name, 0),

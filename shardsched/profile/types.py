@@ -54,6 +54,10 @@ class LayerProfile:
     checkpointed_forward_bytes: int = 0
     """Peak of its forward above its start when it saves nothing, as a checkpointed layer runs
     (measured under `no_grad`, [Note: forward windows]); 0 = unknown."""
+    entry_bytes: int = 0
+    """Its (first call's) inputs that nothing saved before it runs (a residual sum, which no
+    op saves): live next to what earlier layers saved when its unit's AllGather copies out,
+    before it runs and saves them itself (`sim.memory._forward`); 0 = unknown."""
     calls: int = 1
     """Times its module runs in one forward (ALBERT's shared layer: once per depth).
     Parameters and workspace count once; `activation_bytes` and `input_bytes` are the

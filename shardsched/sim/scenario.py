@@ -55,6 +55,8 @@ class UnitCost:
     input_bytes: int = 0
     """What it retains instead when checkpointed: its layers' forward inputs, and what
     code outside them saved (`LayerProfile.outside_bytes`: not recomputed)."""
+    entry_bytes: int = 0
+    """Its first layer's `LayerProfile.entry_bytes`: live at its forward copy-out."""
     checkpointed_lead_bytes: int = 0
     """`lead_activation_bytes` when checkpointed: its other layers keep only their inputs."""
     layer_bytes: tuple = ()

@@ -86,7 +86,7 @@ class Evaluator:
             lead = unit.checkpointed_lead_bytes if ck else unit.lead_activation_bytes
             extra = extra_gather(unit, ch.strategies[i]) * unsh[i] + (lead if len(unit.layers) > 1 else 0)
             outside = unit.outside_workspace_bytes  # the loss's forward, after the unit reshards
-            out.append(pers + U[i] + max(unsh[i] + ag[i] + prev + self.act[i] + exc[i],
+            out.append(pers + U[i] + max(unsh[i] + ag[i] + prev + self.act[i] + unit.entry_bytes + exc[i],
                                          u + extra + self.act[i] + inc[i],
                                          u + self.act[i] + c.fwd_own[i][ck] + inc[i],
                                          held[i] + hag[i] + self.act[i + 1] + outside // 2 + inc[i] if outside else 0))

@@ -505,7 +505,7 @@ class _Build:
             (a0, k0), (a1, k1) = self.A[i], self.A[i + 1]
             copyout = _add(_add(base, {self.U[i]: 1.0}), _add(unsh, ag))
             self._mem(i, _add(_add(_add(copyout, prev), a0), self._pending(i, inclusive=False)),
-                      k0 + c.input_bytes * g, cap)
+                      k0 + (unit.entry_bytes + c.input_bytes) * g, cap)
             if len(unit.layers) > 1:  # its last module starts (and gathers again when it reshards)
                 self._mem(i, _add(_add(_add(live, extra), a0), self._pending(i, inclusive=True)),
                           k0 + (c.lead[i] + c.input_bytes) * g, cap)
