@@ -84,16 +84,20 @@ def held_gathers(agbuf: list[int]) -> list[int]:
 
 
 def root_grad_bytes(sc: Scenario) -> int:
-    """Unsharded gradients of the root unit (layer ""), live through all of backward: its
-    parameters (tied heads) are used at the end of forward, so their gradients appear as
-    backward starts, and it reduces last (its post-backward ends the step)."""
-    return sc.units[0].params * sc.state.unsharded_grad if sc.n and sc.units[0].layers == ("",) else 0
+    """Unsharded gradients of the root unit (layer "") live through all of backward: its tied
+    tensors' (`Profile.root_tied_numel`: a tied head's weight gradient appears as backward
+    starts and waits for the embedding's), the root reducing last. Its other parameters (an
+    untied embedding) get theirs only at its own backward, the last step (`ugrad[0]`):
+    charging all of them throughout was 5% over on an untied LM at world 2, leaving the tied
+    head's out of the first backward step 8% under on a tied one."""
+    return sc.root_tied_numel * sc.state.unsharded_grad if sc.n and sc.units[0].layers == ("",) else 0
 
 
-def holds_root_grad(i: int, n: int) -> bool:
-    """At the backward of unit i: the root's gradients exist (not yet at the first
-    backward step, whose workspace already holds the head's weight gradient)."""
-    return 0 < i < n - 1
+def holds_root_grad(i: int, n: int, *, outside: bool = False) -> bool:
+    """At the backward of unit i: the root's tied gradients exist (`root_grad_bytes`), but
+    not yet while the loss after the last unit runs its backward (`outside`), before the
+    head's."""
+    return 0 < i < (n - 1 if outside else n)
 
 
 # [Note: the loss before the unit's backward]
@@ -305,7 +309,8 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
     outside = sc.units[i].outside_workspace_bytes
     if outside:  # [Note: the loss before the unit's backward]
         held = live.unsharded_live(s) if live.ddp else live.unsharded_live(s, exclude=i) + live.held[i]
-        moments.append(_mb(live, unsharded=held, grads=grads, act=live.activations(i) + outside,
+        early = live.root_grad if holds_root_grad(i, sc.n) and not holds_root_grad(i, sc.n, outside=True) else 0
+        moments.append(_mb(live, unsharded=held, grads=grads - early, act=live.activations(i) + outside,
                            comm=held_rs + live.pending_gathers(s, include_launched_here=False)))
     if sc.strategies[i].gathers_for_backward:  # copy-out of its backward AllGather
         moments.append(_mb(live, unsharded=live.unsharded_live(s) + live.held[i], grads=grads,
