@@ -15,7 +15,8 @@ AllGather launch point within `milp.windows` of its use. Per grouping, in a fixe
   3. the MILP, warm-started from the best start, within a node limit (`Effort`): it never
      returns worse than its start, and HiGHS's dual bound raises the grouping's bound; the
      lead grouping's MILP answer is polished again (`solve.local`), and so is the best plan
-     at the end when another grouping gave it.
+     at the end when another grouping gave it. A lead grouping above `Effort.lead_units` gets
+     its MILP over narrowed launch windows (`Effort.narrow`): a schedule, no bound.
 The plan's bound is the least bound over every grouping; "optimal" means the plan meets it.
 
 [Note: determinism] Nothing here reads the clock to decide: the groupings, their order,
@@ -72,7 +73,19 @@ class Effort(NamedTuple):
     the MILP found 0.250 s on the same 26 units."""
 
     def runs_milp(self, p: Problem, *, lead: bool = False) -> bool:
-        return p.n <= (self.lead_units if lead else self.milp_units) * self.scale
+        return p.n <= (self.lead_units if lead else self.milp_units) * self.scale or (lead and self.narrow(p) > 0)
+
+    lead_launches: int = 256
+    """Above `lead_units`, the lead grouping's MILP keeps every strategy and checkpointing
+    choice but only launch points within about lead_launches / (2n) steps of their use: HiGHS's
+    root node is what costs, and it grows with the binaries (a 40-layer GPT's 42 units on 1024
+    H100s at 7.4 GiB: 28 s at 23 steps, 7.5 s at 3). That MILP's answer is then polished over the
+    whole window; its dual bound covers only the narrowed space, so it bounds nothing."""
+
+    def narrow(self, p: Problem) -> int:
+        """The narrowed launch window of the lead grouping's MILP (0: full window, or none)."""
+        steps = self.lead_launches // (2 * p.n)
+        return steps if p.n > self.lead_units * self.scale and steps >= 2 else 0
 
     local_work: int = 60_000
     """Unit-evaluations of the local search (`solve.local`) per polish at scale 1: a polish of
@@ -193,10 +206,22 @@ def _polished(p: Problem, s: Scored, *, budget: int) -> Scored:
     return better if better.peak <= budget and better.seconds <= s.seconds else s
 
 
+def _within(p: Problem, ch: Choice, ahead: int) -> Choice:
+    """`ch` with every AllGather launched at most `ahead` steps before its use (`milp.windows`)."""
+    n = p.n
+    return ch._replace(fwd=tuple(max(f, i - ahead) for i, f in enumerate(ch.fwd)),
+                       bwd=tuple(None if b is None else max(b, 2 * n - 1 - i - ahead) for i, b in enumerate(ch.bwd)))
+
+
 def _milp(p: Problem, start: Scored | None, *, budget: int, effort: Effort, left: float,
-          notes: list) -> tuple[Scored | None, milp.MilpResult]:
-    r = milp.solve(p, budget=budget, ahead=ahead_for(p.n), start=start.choice if start else None,
+          notes: list, narrow: int = 0) -> tuple[Scored | None, milp.MilpResult]:
+    """The MILP warm-started from `start`; over launch windows of `narrow` steps when > 0 (its
+    bound then covers that smaller space only and is dropped: `Effort.lead_launches`)."""
+    ahead = narrow or ahead_for(p.n)
+    r = milp.solve(p, budget=budget, ahead=ahead, start=_within(p, start.choice, ahead) if start else None,
                    start_seconds=start.seconds if start else None, nodes=effort.node_limit(), time_limit=left)
+    if narrow:
+        r = r._replace(bound=0.0)
     if r.choice is None:
         return None, r
     s = score("highs", p, r.choice)
@@ -226,6 +251,8 @@ def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Eff
     lb = milp.lower_bound(p, budget)
     if start is not None and start.seconds <= lb * (1 + OPTIMAL_TOL):
         return Outcome(start, start.seconds)  # the start meets the bound: optimal, nothing to solve
+    if lead and effort.narrow(p):  # its MILP does the wide moves: half the local work (CPU target)
+        effort = effort._replace(local_work=effort.local_work // 2)
     if lead:
         start = local_polish(p, start, budget=budget, effort=effort)
     if lb >= incumbent or not effort.runs_milp(p, lead=lead) or (start is None and p.n > FULL_WINDOW_UNITS):
@@ -233,7 +260,8 @@ def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Eff
     left = deadline - time.perf_counter()
     if left <= 0:
         return Outcome(start, lb)
-    found, r = _milp(p, start, budget=budget, effort=effort, left=left, notes=notes)
+    found, r = _milp(p, start, budget=budget, effort=effort, left=left, notes=notes,
+                     narrow=effort.narrow(p) if lead else 0)
     if lead and found is not None and (start is None or found.seconds < start.seconds):
         found = local_polish(p, found, budget=budget, effort=effort)
     best = min((s for s in (start, found) if s is not None), key=lambda s: (s.seconds, s.name != "highs"),
