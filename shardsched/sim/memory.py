@@ -42,11 +42,10 @@ runs per tensor (see `_optimizer`).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 from shardsched.cost.strategy import held_after_forward, shard_count
-import dataclasses
-
 from shardsched.core.types import GradSync, MemoryBreakdown, Strategy
 from shardsched.sim.scenario import Scenario
 
@@ -309,8 +308,8 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
     outside = sc.units[i].outside_workspace_bytes
     if outside:  # [Note: the loss before the unit's backward]
         held = live.unsharded_live(s) if live.ddp else live.unsharded_live(s, exclude=i) + live.held[i]
-        early = live.root_grad if holds_root_grad(i, sc.n) and not holds_root_grad(i, sc.n, outside=True) else 0
-        moments.append(_mb(live, unsharded=held, grads=grads - early, act=live.activations(i) + outside,
+        root = live.root_grad if holds_root_grad(i, sc.n, outside=True) else 0
+        moments.append(_mb(live, unsharded=held, grads=live.sharded_grads(s) + root, act=live.activations(i) + outside,
                            comm=held_rs + live.pending_gathers(s, include_launched_here=False)))
     if sc.strategies[i].gathers_for_backward:  # copy-out of its backward AllGather
         moments.append(_mb(live, unsharded=live.unsharded_live(s) + live.held[i], grads=grads,

@@ -81,7 +81,7 @@ class UnitCost:
         largest layer's. A unit of one layer, or without per-layer dims: the whole unit's."""
         if len(self.layers) < 2 or len(self.layer_dims) != len(self.layers):
             return self.padded_numel(n)
-        sizes = [n * shard_numel(sum(d for _, d in dims), dims, n) if dims else 0 for dims in self.layer_dims]
+        sizes = [int(n * shard) for shard in self._layer_shards(n)]
         return sizes[0] if last else max(sizes)
 
     def checkpointed_start(self) -> int:

@@ -114,8 +114,9 @@ class Evaluator:
                     u + self.act[i] + c.inner_most[i][k][ck] + inc[s])
         outside = self.p.costs[i].outside_workspace_bytes  # the loss's backward, before it gathers
         if outside:
-            early = c.root_grad if holds_root_grad(i, n) and not holds_root_grad(i, n, outside=True) else 0
-            m = max(m, held[i] + self.act[i + 1] + outside + held_rs + exc[s] - early)
+            # `base` counts the root's gradient as held at unit i; the loss runs before the head's
+            root = c.root_grad * (holds_root_grad(i, n, outside=True) - holds_root_grad(i, n))
+            m = max(m, held[i] + self.act[i + 1] + outside + held_rs + exc[s] + root)
         if ch.strategies[i].gathers_for_backward:  # copy-out, its post-forward slice still live
             m = max(m, 2 * u + held[i] + self.act[i + 1] + held_rs + exc[s])
         return base + m

@@ -541,9 +541,9 @@ class _Build:
         outside = self.p.costs[i].outside_workspace_bytes
         if outside:  # the loss's backward before the unit gathers (`sim.memory` [Note: the loss ...])
             held = self.zexpr(i, {k: c.held[i][k] * g for k in self.z[i]})
-            early = c.root_grad if holds_root_grad(i, n) and not holds_root_grad(i, n, outside=True) else 0
+            root = c.root_grad if holds_root_grad(i, n, outside=True) else 0
             self._mem(s, _add(_add(_add(_add(live, a1), held), held_rs), self._pending(s, inclusive=False)),
-                      k1 + (outside + inp - early) * g, cap)
+                      k1 + (outside + c.input_bytes + root) * g, cap)
         if c.last_end[i] is None:  # backward ends, reduce
             self._mem(s, _add(_add(pend, u), held_rs), k0 + (c.ugrad[i] + c.ws[i] + inp) * g, cap)
             self._mem(s, _add(pend, self.zexpr(i, {k: c.rs_by[i][k] * g for k in self.z[i]})),
