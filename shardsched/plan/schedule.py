@@ -75,6 +75,13 @@ def with_host_overhead(c, cluster: Cluster):
                                backward_seconds=c.backward_seconds + half)
 
 
+def optimizer_scalar_bytes(costs, optimizer, cluster: Cluster) -> int:
+    """`Scenario.optimizer_scalar_bytes`: Adam's per-tensor `step` when it is device memory."""
+    if optimizer.value != "adam" or cluster.device.name != "cpu":
+        return 0
+    return 4 * sum(len(c.dims) for c in costs)
+
+
 def make_scenario(costs, strategies, fwd, bwd, *, plan: Plan | None = None, profile: Profile,
                   cluster: Cluster, precision=None, optimizer=None, checkpoint=()) -> Scenario:
     precision = precision or plan.precision
@@ -86,6 +93,8 @@ def make_scenario(costs, strategies, fwd, bwd, *, plan: Plan | None = None, prof
                   backward_launch=tuple(bwd), cluster=cluster, state=sb,
                   input_bytes=profile.input_bytes, optimizer_seconds=opt_seconds,
                   optimizer_workspace_factor=OPTIMIZER_WORKSPACE_FACTOR[optimizer.value],
+                  optimizer_scalar_bytes=optimizer_scalar_bytes(costs, optimizer, cluster),
+                  buffer_bytes=profile.buffer_bytes,
                   checkpoint=tuple(checkpoint) if any(checkpoint) else (),
                   root_tied_numel=profile.root_tied_numel)
     # A plan DDP runs (`Scenario.on_ddp`) pays none of FSDP2's host work. The MILP prices

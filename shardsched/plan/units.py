@@ -132,6 +132,8 @@ class LayerBytes(NamedTuple):
     redo: int          # live while one call is recomputed
     produced: int      # forward transient on top of its saved activations
     ck_produced: int   # checkpointed: forward transient on top of its kept inputs
+    inp: int = 0       # its (one call's) inputs: live when it starts, checkpointed or not
+    out: int = 0       # its output: the gradient its backward receives is this size
 
 
 def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
@@ -149,7 +151,8 @@ def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
         produced, ck_produced = forward_transients(layer, ws)
         produced = max(produced, (ows if inner else 0) // 2)
         out.append(LayerBytes(kept_when_checkpointed(layer), layer.activation_bytes, ws + (ows if inner else 0),
-                              layer.params, recomputed_bytes(layer), produced, max(ck_produced, produced)))
+                              layer.params, recomputed_bytes(layer), produced, max(ck_produced, produced),
+                              layer.input_bytes // max(1, layer.calls), layer.output_bytes))
     return tuple(out)
 
 
@@ -160,7 +163,10 @@ def forward_transients(layer: LayerProfile, ws: int) -> tuple[int, int]:
     half its backward workspace when they were not measured."""
     fallback = ws // 2
     own = layer.activation_bytes - layer.outside_bytes  # its outside code saves after it
-    plain = max(0, layer.forward_peak_bytes - own // max(1, layer.calls)) if layer.forward_peak_bytes else fallback
+    # The window's base holds its input that nothing saved yet (`entry_bytes`): live beside
+    # what it saves, though it does not raise the window ([Note: forward windows]).
+    plain = max(0, layer.forward_peak_bytes + layer.entry_bytes - own // max(1, layer.calls)) \
+        if layer.forward_peak_bytes else fallback
     return plain, layer.checkpointed_forward_bytes or fallback
 
 
@@ -180,7 +186,7 @@ def unit_cost(layers: list[LayerProfile]) -> UnitCost:
                     outside_workspace_bytes=layers[-1].outside_workspace_bytes,
                     outside_activation_bytes=layers[-1].outside_bytes if layers[-1].outside_workspace_bytes else 0,
                     input_bytes=sum(map(kept_when_checkpointed, layers)),
-                    entry_bytes=layers[0].entry_bytes,
+                    entry_bytes=layers[0].entry_bytes, exit_bytes=layers[-1].exit_bytes,
                     layer_bytes=layer_bytes(layers),
                     layer_dims=tuple(layer.dims for layer in layers) if all(
                         layer.dims or not layer.params for layer in layers) else ())

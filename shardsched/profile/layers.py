@@ -294,3 +294,9 @@ def tensors_in(x: Any) -> list[torch.Tensor]:
     if hasattr(x, "to_tuple") and callable(x.to_tuple):  # HF ModelOutput
         return tensors_in(x.to_tuple())
     return []
+
+
+def buffer_bytes(model: nn.Module) -> int:
+    """`Profile.buffer_bytes`: every buffer once, in its own dtype (mixed precision casts
+    parameters, not buffers); the model may live on the meta device."""
+    return sum(b.numel() * b.element_size() for b in model.buffers())

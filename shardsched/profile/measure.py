@@ -306,6 +306,7 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
     return Profile(model=name, layers=tuple(profiles), fingerprint=fp, compute_dtype=compute_dtype,
                    micro_batch=micro_batch, seq=seq, input_bytes=sum(t.nbytes for t in L.tensors_in(inputs)),
                    source="measured", tied=asg.tied, root_tied_numel=asg.root_tied_numel,
+                   buffer_bytes=L.buffer_bytes(run_model),
                    extra={"torch": torch.__version__, "threads": torch.get_num_threads(),
                                              "repeats": repeats, "warmup": warmup, **L.notes_extra(model)})
 

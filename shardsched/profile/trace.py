@@ -158,6 +158,8 @@ class _Stats:
         self.calls: dict[str, int] = defaultdict(int)  # forward calls of each module
         self.forward_peak: dict[str, int] = defaultdict(int)  # measured, [Note: forward windows]
         self.forward_nosave: dict[str, int] = defaultdict(int)  # the same, saving nothing
+        self.exit: dict[str, int] = defaultdict(int)  # measured, [Note: exit windows]
+        self.output: dict[str, int] = defaultdict(int)  # `LayerProfile.output_bytes`
         self.outside: dict[str, int] = defaultdict(int)  # `LayerProfile.outside_bytes`
         self.outside_largest: dict[str, int] = defaultdict(int)  # its largest tensor
         self.largest_saved: dict[str, int] = defaultdict(int)  # per key: folded keys become outside
@@ -176,6 +178,7 @@ class _Tracer:
         self.bwd_key: tuple[str, ...] = ()
         self.stats = _Stats()
         self.saved_keys: set = set()  # storages saved for backward so far (and persistent ones): `_run`
+        self.persistent_keys: set = set()  # parameters, buffers, the model's inputs: `_run`
         self.handles = []
         for name in [*layers, *self.parent]:
             self._attach(model.get_submodule(name), name)
@@ -185,7 +188,10 @@ class _Tracer:
             # Every call's inputs: a checkpointed layer (or a partitioned layer's child, a
             # unit of its own) keeps them all; a module applied several times (ALBERT's shared
             # layer) is one layer with `calls` > 1 ([Note: repeated modules] in plan/units.py).
-            self.stats.inputs[name] += _nbytes(L.tensors_in((args, kwargs)))
+            # The model's inputs and parameters are counted apart (`Profile.input_bytes`, the
+            # parameters): keeping them costs a checkpointed layer nothing.
+            self.stats.inputs[name] += _nbytes([t for t in L.tensors_in((args, kwargs))
+                                                if _storage_key(t) not in self.persistent_keys])
             if not self.stats.calls[name]:  # its first call: the input nothing saved yet
                 fresh = {_storage_key(t): t for t in L.tensors_in((args, kwargs))
                          if _storage_key(t) not in self.saved_keys}
@@ -200,6 +206,7 @@ class _Tracer:
             self.stack.append(name)
 
         def post(m, args, kwargs, out):
+            self.stats.output[name] = max(self.stats.output[name], _nbytes(L.tensors_in(out)))
             self.stack.pop()
 
         self.handles += [module.register_forward_pre_hook(pre, with_kwargs=True),
@@ -324,7 +331,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
     fake_inputs = _fake_inputs(inputs, dtype, mode)
     exclude = {_storage_key(t) for t in [*state.values(), *L.tensors_in(fake_inputs)]}
     tracer = _Tracer(model, names, children)
-    tracer.saved_keys = exclude
+    tracer.saved_keys, tracer.persistent_keys = exclude, set(exclude)
     tracer.stats.itemsize = torch.empty((), dtype=dtype).element_size()
     ws = BackwardWorkspace(model, names, list(tracer.parent), persistent=[*state.values(), *L.tensors_in(fake_inputs)])
     kept: list[torch.Tensor] = []  # keep saved storages alive: no StorageImpl reuse while we dedupe
@@ -336,6 +343,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
             exclude.add(k)
             kept.append(t)
             nbytes = t.untyped_storage().nbytes()
+            ws.note_saved(nbytes)
             keys = tracer.forward_key()
             for key in keys:
                 tracer.stats.acts[key] += nbytes
@@ -351,6 +359,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
             warnings.simplefilter("ignore")
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 loss = loss_of(torch.func.functional_call(model, state, fake_inputs, tie_weights=True))
+            ws.close_exits()  # the loss is computed: backward is not code between modules
             kept.clear()  # the graph holds what backward needs; activations must free as it runs
             loss.backward()
     except UsageError:
@@ -363,6 +372,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
     finally:
         tracer.stats.workspace.update(ws.finish())
         tracer.stats.forward_peak.update(ws.forward)
+        tracer.stats.exit.update(ws.exit)
         tracer.remove()
     with _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, rules, warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -465,14 +475,14 @@ def _expand(tracer: _Tracer, full: list[str], kids: list[str], stacks) -> None:
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
                   {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
                   [d.get(src, 0) for d in (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
-                                    st.forward_nosave, st.entry)]) for _, src in targets}
+                                    st.forward_nosave, st.entry, st.exit, st.output)]) for _, src in targets}
     for name, src in targets:
         flops, moved, rest = snap[src]
         for ph in ("fwd", "bwd"):
             st.flops[ph][name] = defaultdict(float, flops[ph])
             st.moved[ph][name] = moved[ph]
         for d, v in zip((st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
-                                    st.forward_nosave, st.entry), rest):
+                                    st.forward_nosave, st.entry, st.exit, st.output), rest):
             d[name] = v
 
     def order(ran: list[str], names: list[str]) -> list[str]:
@@ -515,6 +525,7 @@ def _fold(stats: _Stats, ran: list[str], final: list[str]) -> None:
         stats.workspace[target] = max(stats.workspace[target], stats.workspace.pop(k, 0))
         stats.forward_peak[target] = max(stats.forward_peak[target], stats.forward_peak.pop(k, 0))
         stats.forward_nosave[target] = max(stats.forward_nosave[target], stats.forward_nosave.pop(k, 0))
+        stats.exit[target] = max(stats.exit[target], stats.exit.pop(k, 0))
 
 
 def _workspace(name: str, params: Sequence[nn.Parameter], st: _Stats) -> int:
@@ -542,6 +553,7 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         outside_workspace_bytes=outside_workspace(st.outside_largest.get(name, 0)) if name != L.ROOT else 0,
         forward_peak_bytes=st.forward_peak.get(name, 0) if name != L.ROOT else 0,
         checkpointed_forward_bytes=st.forward_nosave.get(name, 0) if name != L.ROOT else 0,
+        exit_bytes=st.exit.get(name, 0) if name != L.ROOT else 0, output_bytes=st.output.get(name, 0),
         input_bytes=st.inputs.get(name, 0), entry_bytes=st.entry.get(name, 0), outside_bytes=st.outside.get(name, 0), calls=max(1, st.calls.get(name, 1)),
         forward_flops=fwd,
         backward_flops=bwd,
@@ -597,5 +609,6 @@ def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
     return Profile(model=name, layers=tuple(out), fingerprint=fingerprint(model), compute_dtype=compute_dtype,
                    micro_batch=micro_batch, seq=seq, input_bytes=sum(_nbytes([t]) for t in L.tensors_in(inputs)),
                    source="traced", tied=asg.tied, root_tied_numel=asg.root_tied_numel,
+                   buffer_bytes=L.buffer_bytes(model),
                    extra={"device": device.name, "torch": torch.__version__,
                                                           **L.notes_extra(model)})

@@ -58,6 +58,15 @@ class LayerProfile:
     """Its (first call's) inputs that nothing saved before it runs (a residual sum, which no
     op saves): live next to what earlier layers saved when its unit's AllGather copies out,
     before it runs and saves them itself (`sim.memory._forward`); 0 = unknown."""
+    exit_bytes: int = 0
+    """The most the code after its forward holds beyond what is saved, up to the next layer's
+    (or child's) pre-forward, or the loss ([Note: exit windows] in profile/workspace.py): its
+    output next to a residual sum, the loss's logits-sized temporaries. Live next to everything
+    saved through it while its unit's AllGather output is still held (`sim.memory._forward`);
+    0 = unknown."""
+    output_bytes: int = 0
+    """Bytes of its (largest call's) output: the gradient its backward receives has this size
+    (`sim.scenario.UnitCost.inner_moments`); 0 = unknown."""
     calls: int = 1
     """Times its module runs in one forward (ALBERT's shared layer: once per depth).
     Parameters and workspace count once; `activation_bytes` and `input_bytes` are the
@@ -106,6 +115,9 @@ class Profile:
     """Elements of the tied tensors the root layer owns: their gradient sums a use at the end
     of forward (a tied head) with one at its start, so it is live through all of backward,
     on DDP too (`sim.memory` [Note: plans that run on DDP])."""
+    buffer_bytes: int = 0
+    """Bytes of the model's buffers (BatchNorm running statistics, masks, rotary tables):
+    FSDP2 and DDP keep them whole on every worker, all step long."""
     extra: dict = field(default_factory=dict)
     """Free-form provenance (device, config)."""
 

@@ -103,6 +103,19 @@ def watch_backward(module: nn.Module, start, end) -> list:
 # checkpointed MLP (auto plans over budget by up to 7%).
 
 
+# [Note: exit windows]
+# After a unit's forward, the code up to the next unit's pre-forward runs with the unit's
+# AllGather output still held (FSDP2 frees it at the next copy-out): a residual add after a
+# partitioned block's last child, a pooling, the loss after the last layer. What that code
+# holds beyond what is saved (the child's output next to the sum) is a moment of its own; a
+# Mixer block split into its children was 2% over its budget without it. The window opens at
+# a module's forward hook and closes at the next tracked module's pre-hook (or when forward
+# ends: the loss), so a last child's window spans its parent's code after it and the gap after
+# the parent. It records its peak of live bytes less everything saved when it closes (autograd
+# packs an op's output only after the op returns, so the live bytes at the op's end already
+# hold what it is about to save); `sim.memory` adds everything saved through the unit back.
+
+
 # [Note: the root's backward tail]
 # What runs in backward after the last layer window closes is the root module's own
 # backward: the embedding lookup of a model whose embedding the root unit holds (a tied
@@ -133,6 +146,13 @@ class BackwardWorkspace(TorchDispatchMode):
         self.forward: dict[str, int] = {}
         """Per module, the peak of its forward above the live bytes at its start: its output,
         what it saves and the transients beside them ([Note: forward windows])."""
+        self.saved = 0
+        """Bytes of the distinct storages saved for backward so far: the profiler's
+        `saved_tensors_hooks` pack adds to it (`note_saved`)."""
+        self._gaps: dict[str, int] = {}  # exit windows: name -> peak of live
+        self.exit: dict[str, int] = {}
+        """Per module, the most the code after it holds that nothing saved ([Note: exit
+        windows])."""
         self.handles = []
         for name in [*(n for n in layers if n), *children]:
             self._attach(model.get_submodule(name), name)
@@ -160,6 +180,8 @@ class BackwardWorkspace(TorchDispatchMode):
             self._track(t)
         for window in [*self._open.values(), *self._fopen.values()]:
             window[1] = max(window[1], self.live)
+        for name, peak in self._gaps.items():
+            self._gaps[name] = max(peak, self.live)
         if self._tail is not None:
             self._tail[1] = max(self._tail[1], self.live)
         return out
@@ -182,13 +204,25 @@ class BackwardWorkspace(TorchDispatchMode):
         self.handles += watch_backward(module, start, end)
 
         def fwd_pre(m, args):
+            self.close_exits()  # the next module starts: the code between ends
             self._fopen[name] = [self.live, self.live]
 
         def fwd_post(m, args, out):
             base, peak = self._fopen.pop(name, (self.live, self.live))
             self.forward[name] = max(self.forward.get(name, 0), peak - base)
+            self._gaps[name] = self.live
 
         self.handles += [module.register_forward_pre_hook(fwd_pre), module.register_forward_hook(fwd_post)]
+
+    def note_saved(self, nbytes: int) -> None:
+        """A storage saved for backward for the first time (the profiler's pack hook)."""
+        self.saved += nbytes
+
+    def close_exits(self) -> None:
+        """End the exit windows: the next module starts, or forward is over."""
+        for name, peak in self._gaps.items():  # everything saved by now is counted apart
+            self.exit[name] = max(self.exit.get(name, 0), peak - self.saved)
+        self._gaps.clear()
 
     def _close(self, name: str) -> None:
         base, peak = self._open.pop(name)
@@ -201,7 +235,20 @@ class BackwardWorkspace(TorchDispatchMode):
         tail = self._tail
         for name in list(self._open):
             self._close(name)
-        if tail is not None:  # [Note: the root's backward tail]
+        if tail is not None:  # [Note: exit windows]
+# After a unit's forward, the code up to the next unit's pre-forward runs with the unit's
+# AllGather output still held (FSDP2 frees it at the next copy-out): a residual add after a
+# partitioned block's last child, a pooling, the loss after the last layer. What that code
+# holds beyond what is saved (the child's output next to the sum) is a moment of its own; a
+# Mixer block split into its children was 2% over its budget without it. The window opens at
+# a module's forward hook and closes at the next tracked module's pre-hook (or when forward
+# ends: the loss), so a last child's window spans its parent's code after it and the gap after
+# the parent. It records its peak of live bytes less everything saved when it closes (autograd
+# packs an op's output only after the op returns, so the live bytes at the op's end already
+# hold what it is about to save); `sim.memory` adds everything saved through the unit back.
+
+
+# [Note: the root's backward tail]
             self.workspace[ROOT_TAIL] = tail[1] - tail[0]
         for h in self.handles:
             h.remove()

@@ -68,18 +68,14 @@ def extra_gather(unit, strategy: Strategy) -> int:
 
 
 def held_gathers(agbuf: list[int]) -> list[int]:
-    """Per unit: the AllGather output held while it runs forward, its own or, for a unit that
-    gathers nothing (replicate: a shard group of one copies in place), the last one gathered.
-    FSDP2 keeps a forward AllGather's output until the next copy-out
-    (`FSDPParamGroup.wait_for_unshard`, [Note: Overlapping all-gather copy-in and all-gather]);
-    a replicate unit's pre-forward has no AllGather result and returns before freeing it, so it
-    lives on through the replicate units that follow (a Mixer whose LayerNorms are replicate
-    units was 4% under without it) until the next gather or the end of forward."""
-    out, held = [], 0
-    for b in agbuf:
-        held = b or held
-        out.append(held)
-    return out
+    """Per unit: the AllGather output held while it runs forward, its own. FSDP2 keeps a
+    forward AllGather's output until the next copy-out (`FSDPParamGroup.wait_for_unshard`,
+    [Note: Overlapping all-gather copy-in and all-gather]), where it lives next to the new
+    unit's AllGather output and unsharded parameters (as FSDPMemTracker measures it). A
+    replicate unit (a shard group of one) runs that copy-out too, so the output is freed there
+    and does not live on through replicate units: torch 2.13 (passing it on was 3.5% over on a
+    Mixer whose head followed a replicate norm)."""
+    return list(agbuf)
 
 
 def root_grad_bytes(sc: Scenario) -> int:
@@ -252,9 +248,9 @@ def step_memory(sc: Scenario) -> list[StepMemory]:
 
 
 def _mb(live: _Live, *, unsharded=0, grads=0, act=0, comm=0, opt_extra=0) -> MemoryBreakdown:
-    return MemoryBreakdown(params=live.persist_params + unsharded, grads=grads,
-                           optimizer=live.persist_opt + opt_extra,
-                           activations=act + live.sc.input_bytes, comm_buffers=comm)
+    return MemoryBreakdown(params=live.persist_params + unsharded + live.sc.buffer_bytes, grads=grads,
+                           optimizer=live.persist_opt + opt_extra + live.sc.optimizer_scalar_bytes,
+                           activations=act + live.sc.input_bytes + live.sc.loss_bytes, comm_buffers=comm)
 
 
 def _forward(live: _Live, i: int) -> list[MemoryBreakdown]:
@@ -267,10 +263,11 @@ def _forward(live: _Live, i: int) -> list[MemoryBreakdown]:
     compute = _mb(live, unsharded=live.unsharded_live(s), act=live.activations(i - 1) + sc.forward_bytes(i),
                   comm=live.held_ag[i] + live.pending_gathers(s, include_launched_here=True))
     moments = [copyout, compute]
-    outside = sc.units[i].outside_workspace_bytes
-    if outside:  # [Note: the loss before the unit's backward], in forward: after the unit reshards
+    after = sc.units[i].after_forward()
+    if after:  # the code after it ([Note: exit windows]; the loss: [Note: the loss before the
+        # unit's backward], in forward), after the unit reshards, its AllGather output held
         held = live.unsharded_live(s) if live.ddp else live.unsharded_live(s, exclude=i) + live.held[i]
-        moments.append(_mb(live, unsharded=held, act=live.activations(i) + outside // 2,
+        moments.append(_mb(live, unsharded=held, act=live.activations(i) + after,
                            comm=live.held_ag[i] + live.pending_gathers(s, include_launched_here=True)))
     if len(sc.units[i].layers) > 1:
         # Its last module starts with the others' activations and its input live. Units
@@ -313,7 +310,8 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
                            comm=held_rs + live.pending_gathers(s, include_launched_here=False)))
     if sc.strategies[i].gathers_for_backward:  # copy-out of its backward AllGather
         moments.append(_mb(live, unsharded=live.unsharded_live(s) + live.held[i], grads=grads,
-                           act=live.activations(i),  # before any recomputation
+                           # before any recomputation; the gradient of its output has arrived
+                           act=live.activations(i) + sc.units[i].grad_in_bytes(),
                            comm=held_rs + live.unsharded[i] + live.pending_gathers(s, include_launched_here=False)))
     return moments
 

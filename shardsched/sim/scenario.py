@@ -57,6 +57,9 @@ class UnitCost:
     code outside them saved (`LayerProfile.outside_bytes`: not recomputed)."""
     entry_bytes: int = 0
     """Its first layer's `LayerProfile.entry_bytes`: live at its forward copy-out."""
+    exit_bytes: int = 0
+    """Its last layer's `LayerProfile.exit_bytes`: what the code after its forward holds
+    beyond what is saved, while its AllGather output is still held (`sim.memory._forward`)."""
     checkpointed_lead_bytes: int = 0
     """`lead_activation_bytes` when checkpointed: its other layers keep only their inputs."""
     layer_bytes: tuple = ()
@@ -83,6 +86,20 @@ class UnitCost:
             return self.padded_numel(n)
         sizes = [int(n * shard) for shard in self._layer_shards(n)]
         return sizes[0] if last else max(sizes)
+
+    def grad_in_bytes(self) -> int:
+        """As its backward starts, beyond what it and the units before it keep: the gradient of
+        its output (`LayerProfile.output_bytes` of its last layer; 0 = unknown), the loss after it
+        having freed what it saved (a logits-sized gradient where a log-softmax was saved)."""
+        out = self.layer_bytes[-1].out if self.layer_bytes else 0
+        return out - self.outside_activation_bytes
+
+    def after_forward(self) -> int:
+        """Beyond what is saved, what lives once its forward is over, before the next unit's
+        copy-out, next to its held AllGather output: the code after it, measured ([Note: exit
+        windows] in profile/workspace.py), or else the loss's logits-sized temporary (half
+        `outside_workspace_bytes`, [Note: the loss before the unit's backward])."""
+        return max(self.exit_bytes, self.outside_workspace_bytes // 2)
 
     def checkpointed_start(self) -> int:
         """Its own bytes as its backward starts when checkpointed: its last layer recomputed
@@ -139,7 +156,8 @@ class UnitCost:
         that moment); layer k reduces;
         checkpointed, layer k is recomputed (its live bytes) next to the kept inputs of the
         layers before it; a module's pre-backward gathers again (FSDP2 resharded after the
-        module before), its AllGather output next to the activations of layers 0..k. Keyed by
+        module before), its AllGather output next to the activations of layers 0..k and the
+        gradient of its output (`LayerProfile.output_bytes`). Keyed by
         (moment, k) so plain and checkpointed moments pair up (`solve.milp`). Charging the
         whole unit's gradients next to its largest workspace over-predicted fused HF decoders
         by 12-18%; charging every module's sharded gradients from the start, 5% on a Mixer."""
@@ -152,7 +170,9 @@ class UnitCost:
                     out["start", k] = Inner(before + b.act + b.ws, k + 1, k, False)
                 else:
                     out["redo", k] = Inner(before + b.redo + b.ws, k + 1, k, False)
-                out["regather", k] = Inner(before + (b.kept if checkpointed else b.act), k + 1, k, True)
+                # the gradient of its output has arrived: live as it gathers
+                out["regather", k] = Inner(before + (b.kept if checkpointed else b.act) + b.out,
+                                           k + 1, k, True)
             out["reduce", k] = Inner(g + before, k, k, False)
             before += b.kept if checkpointed else b.act
         return out
@@ -200,6 +220,15 @@ class Scenario:
     optimizer_workspace_factor: float = 0.0
     """Transient bytes of the optimizer step, per byte of persistent fp32 params
     (foreach Adam materialises a few parameter-sized temporaries)."""
+    loss_bytes: int = 8
+    """The loss and the gradient `backward()` seeds it with: two fp32 scalars, live from the
+    loss's forward to the end of backward (counted throughout: 8 bytes)."""
+    buffer_bytes: int = 0
+    """`Profile.buffer_bytes`: whole on every worker, all step long."""
+    optimizer_scalar_bytes: int = 0
+    """Live from the first step on, on the device: Adam's `step`, one fp32 scalar per
+    parameter tensor, which torch.optim keeps on the CPU unless fused or capturable (so on a
+    GPU it is host memory, 0 here)."""
     checkpoint: tuple[bool, ...] = ()
     """Per unit: activation checkpointing on (empty: off everywhere)."""
     root_tied_numel: int = 0
@@ -237,11 +266,11 @@ class Scenario:
         if u.layers == ("",):  # the root's own forward is the code before the first layer;
             return u.activation_bytes  # its workspace is its backward tail (profile.workspace)
         if self.ckpt(i):  # layer k runs saving nothing, next to the inputs layers 0..k-1 keep
-            if not u.layer_bytes:
+            if not u.layer_bytes:  # and its own input, below its window ([Note: forward windows])
                 return u.input_bytes + u.workspace_bytes // 2
             best, before = 0, 0
             for b in u.layer_bytes:
-                best = max(best, before + b.ck_produced)
+                best = max(best, before + b.inp + b.ck_produced)
                 before += b.kept
             return best
         return u.forward_peak()

@@ -96,7 +96,11 @@ def _with_residual(layer: LayerProfile) -> list[LayerProfile]:
         activation_bytes=last.activation_bytes + residual,
         workspace_bytes=last.workspace_bytes, input_bytes=last.input_bytes,
         forward_peak_bytes=last.forward_peak_bytes, checkpointed_forward_bytes=last.checkpointed_forward_bytes,
-        calls=last.calls,
+        calls=last.calls, entry_bytes=last.entry_bytes, output_bytes=layer.output_bytes,
+        # its exit window spans the parent's code after it ([Note: exit windows]); the loss after
+        # the parent is after it too
+        exit_bytes=max(last.exit_bytes, layer.exit_bytes),
+        outside_workspace_bytes=max(last.outside_workspace_bytes, layer.outside_workspace_bytes),
         # the parent's own code runs outside the child: checkpointing the child keeps it
         outside_bytes=last.outside_bytes + max(0, residual),
         dims=last.dims if layer.params == sum(c.params for c in kids) else ())

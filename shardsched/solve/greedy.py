@@ -85,11 +85,11 @@ class Evaluator:
             ck = bool(ch.ckpt and ch.ckpt[i])
             lead = unit.checkpointed_lead_bytes if ck else unit.lead_activation_bytes
             extra = extra_gather(unit, ch.strategies[i]) * unsh[i] + (lead if len(unit.layers) > 1 else 0)
-            outside = unit.outside_workspace_bytes  # the loss's forward, after the unit reshards
+            after = unit.after_forward()  # the code after it (the loss), after the unit reshards
             out.append(pers + U[i] + max(unsh[i] + ag[i] + prev + self.act[i] + unit.entry_bytes + exc[i],
                                          u + extra + self.act[i] + inc[i],
                                          u + self.act[i] + c.fwd_own[i][ck] + inc[i],
-                                         held[i] + hag[i] + self.act[i + 1] + outside // 2 + inc[i] if outside else 0))
+                                         held[i] + hag[i] + self.act[i + 1] + after + inc[i] if after else 0))
         rs = [(c.rs_by[i][s], c.rs_kept_by[i][s]) for i, s in enumerate(ch.strategies)]
         for s in range(n, 2 * n):
             out.append(self._backward(ch, s, pers, U, G, inc, exc, unsh, rs, held))
@@ -118,7 +118,7 @@ class Evaluator:
             root = c.root_grad * (holds_root_grad(i, n, outside=True) - holds_root_grad(i, n))
             m = max(m, held[i] + self.act[i + 1] + outside + held_rs + exc[s] + root)
         if ch.strategies[i].gathers_for_backward:  # copy-out, its post-forward slice still live
-            m = max(m, 2 * u + held[i] + self.act[i + 1] + held_rs + exc[s])
+            m = max(m, 2 * u + held[i] + self.act[i + 1] + self.p.costs[i].grad_in_bytes() + held_rs + exc[s])
         return base + m
 
 

@@ -234,7 +234,9 @@ def costs_of(p: Problem) -> Costs:
                            if plain.fused(i) else None for i, c in enumerate(p.costs)],
                  inner=inner, inner_most=[_inner_most(rows) for rows in inner],
                  lead=[c.lead_activation_bytes for c in p.costs], cklead=[c.checkpointed_lead_bytes for c in p.costs],
-                 state=sb, input_bytes=sc.input_bytes, opt_factor=sc.optimizer_workspace_factor,
+                 # every moment holds these: the inputs, the buffers, the loss, Adam's step scalars
+                 input_bytes=sc.input_bytes + sc.buffer_bytes + sc.loss_bytes + sc.optimizer_scalar_bytes,
+                 state=sb, opt_factor=sc.optimizer_workspace_factor,
                  opt_per_param=optimizer_seconds_per_param(sb, cl))
 
 
@@ -283,7 +285,7 @@ class _Build:
         self.tscale = max(sum(comp), 1e-12)  # times ~1: tolerances are relative to the step
         self.comp = [t / self.tscale for t in comp]
         self.aux_defs: list[tuple[int, dict, float]] = []
-        self.held_defs: list[tuple] = []  # (H column, its own AllGather terms, H[i-1], z_rep): `_held_gathers`
+        self.held_defs: list[tuple] = []  # (H column, its own AllGather terms): `_held_gathers`
         self.products: list[tuple[int, int, tuple[int, ...]]] = []  # (column, launch col, z cols)
         self._decisions()
         self.t_ub = (t_ub / self.tscale) * (1 + 1e-7) + 1e-9 if t_ub is not None else self._serial_bound()
@@ -455,19 +457,14 @@ class _Build:
 
     def _held_gathers(self) -> list[int]:
         """H[i] (GiB): the AllGather output held in unit i's forward (`sim.memory.held_gathers`):
-        H[i] >= its own, and H[i] >= H[i-1] when it is replicate (big-M on its z). Only lower
-        bounds: H appears with a positive sign in rows <= budget, so its least value, the
-        exact one, is always as feasible."""
+        H[i] >= its own. Only a lower bound: H appears with a positive sign in rows <= budget,
+        so its least value, the exact one, is always as feasible."""
         c, g, out = self.c, 1.0 / GiB, []
-        big = max((max(b.values()) for b in c.unsh_by), default=0.0) * g
         for i in range(self.n):
             unit, h = self.p.costs[i], self.m.var(0.0, math.inf)
             own = self.zexpr(i, {k: forward_gathers(unit, k) * c.unsh_by[i][k] * g for k in self.z[i]})
             self.m.ge({h: 1.0}, own)
-            rep = self.z[i].get(Strategy.REPLICATE)
-            if i and rep is not None:  # h >= H[i-1] - big (1 - z_rep)
-                self.m.ge({h: 1.0}, {out[-1]: 1.0, rep: big}, -big)
-            self.held_defs.append((h, own, out[-1] if i else None, rep))
+            self.held_defs.append((h, own))
             out.append(h)
         return out
 
@@ -509,11 +506,11 @@ class _Build:
             if len(unit.layers) > 1:  # its last module starts (and gathers again when it reshards)
                 self._mem(i, _add(_add(_add(live, extra), a0), self._pending(i, inclusive=True)),
                           k0 + (c.lead[i] + c.input_bytes) * g, cap)
-            outside = unit.outside_workspace_bytes
-            if outside:  # the loss's forward after the unit reshards (`sim.memory` [Note: the loss ...])
+            tail = unit.after_forward()
+            if tail:  # the code after it, the unit resharded (`sim.memory`, [Note: exit windows])
                 after = _add(self.zexpr(i, {k: c.held[i][k] * g for k in self.z[i]}), {held_ag[i]: 1.0})
                 self._mem(i, _add(_add(_add(base, {self.U[i]: 1.0}), after), _add(a1, self._pending(i, inclusive=True))),
-                          k1 + (outside // 2 + c.input_bytes) * g, cap)
+                          k1 + (tail + c.input_bytes) * g, cap)
             fplain, fck = c.fwd_own[i]  # its own forward peak (`Scenario.forward_bytes`)
             self._mem(i, _add(_add(_add(live, a0), self._pending(i, inclusive=True)), self._ck_term(i, fck - fplain)),
                       k0 + (fplain + c.input_bytes) * g, cap)
@@ -561,7 +558,7 @@ class _Build:
                                  for k in self.z[i]})
             terms = _add(_add(_add(_add(live, a1), self._pending(s, inclusive=False)), held_rs), own)
             more, extra = self._accumulation(s)
-            terms, const = _add(terms, more), k1 + inp * g + extra
+            terms, const = _add(terms, more), k1 + (inp + self.p.costs[i].grad_in_bytes()) * g + extra
             big = self._bytes_bound() * g  # more than any moment can hold
             self.m.row(_add(terms, {v: big for v in gate}), hi=cap - const + big)
             self.mem_rows.append((s, terms, const, tuple(gate)))
@@ -620,9 +617,8 @@ class _Build:
             x[y] = max(0.0, x[launch] + sum(x[v] for v in zs) - 1.0)
         for v, terms, const in self.aux_defs:
             x[v] = const + sum(c * x[k] for k, c in terms.items())
-        for h, own, prev, rep in self.held_defs:  # in unit order: prev is set
-            x[h] = max(sum(c * x[k] for k, c in own.items()),
-                       x[prev] if prev is not None and rep is not None and x[rep] > 0.5 else 0.0)
+        for h, own in self.held_defs:
+            x[h] = sum(c * x[k] for k, c in own.items())
         self._start_times(x)
         return x
 

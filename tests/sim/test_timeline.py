@@ -61,7 +61,8 @@ def test_launch_outside_window_is_rejected():
 def test_memory_of_full_shard_forward_step_by_hand():
     from shardsched.sim.memory import step_memory
     sc = scenario([FS, FS], [0, 1], [3, 2])  # world 2: each unit's shard is 500 params
-    persistent = 2 * 500 * (4 + 8)           # fp32 params + Adam m, v (grads are freed by zero_grad)
+    persistent = 2 * 500 * (4 + 8) + 8       # fp32 params + Adam m, v (grads are freed by zero_grad), the loss
+    # and its seed gradient (two fp32 scalars)
     mem = step_memory(sc)
     # F1 copy-out: u1 unsharded (4000) + its gather buffer (4000) + u0's held buffer (4000) + u0's activations
     # F1 compute:  u1 unsharded + its held buffer + both activations; u0 was freed after its forward
