@@ -9,6 +9,8 @@ PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 PIP    ?= pip==26.3
 LATEST ?= .venv-latest
+# pytest-xdist workers: CI has 2 cores (tests/test_readme.py splits its commands to share them).
+JOBS   ?= 2
 # Tests that need no worker processes: a few minutes on 2 cores.
 FAST_TESTS ?= tests/cost tests/sim tests/solve tests/models tests/optim tests/test_fmt.py \
               tests/test_cli_plan.py tests/test_json_stdout.py tests/profile/test_analytic.py \
@@ -31,7 +33,7 @@ train: $(VENV)/.installed
 	$(VENV)/bin/shardsched train
 
 test: $(VENV)/.installed
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests -n $(JOBS)
 
 # torch stays $(TORCH) (a constraint): the newest on the index is a CUDA build of GBs.
 check-latest:
@@ -42,7 +44,7 @@ check-latest:
 	$(LATEST)/bin/python -m pip install -q "$(TORCH)"
 	$(LATEST)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -c $(LATEST)/constraints.txt -e '.[test]'
 	$(LATEST)/bin/python -m pip freeze --exclude-editable > $(LATEST)/versions.txt
-	$(LATEST)/bin/python -m pytest $(FAST_TESTS)
+	$(LATEST)/bin/python -m pytest $(FAST_TESTS) -n $(JOBS)
 
 lock: check-latest
 	{ sed -n '/^#/p' requirements.lock; grep -iv '^torch==' $(LATEST)/versions.txt; } > requirements.lock.new

@@ -1,5 +1,7 @@
 """Every command in README.md's fenced blocks runs as written, in order, from a fresh
-directory that holds only what a clone has (`.venv`, `examples/`).
+directory that holds only what a clone has (`.venv`, `examples/`). Commands that share no
+`runs/...` path run in separate groups (each in README order, in its own directory), so that
+`pytest -n 2` runs them side by side.
 
 Only step counts are changed, to keep CI time sane: `--steps N` becomes max(2, N // 100),
 `--checkpoint-every N` becomes max(1, N // 100) (so the resume chain keeps its shape:
@@ -56,17 +58,58 @@ def test_readme_lists_commands():
     assert fewer_steps(".venv/bin/shardsched train") == ".venv/bin/shardsched train --steps 2"
 
 
-def test_every_readme_command_runs_as_written(tmp_path):
+GROUPS = 4
+
+
+def command_groups(commands: list[str], k: int = GROUPS) -> list[list[str]]:
+    """The commands in k groups that can run apart, each in README order: commands that name
+    the same `runs/...` path (a run a later one resumes, a plan a later one reads) share a
+    group, so `pytest -n` can run the groups side by side."""
+    paths = [set(re.findall(r"runs/[\w.-]+", c)) for c in commands]
+    owner = list(range(len(commands)))  # union-find over commands that share a path
+
+    def find(i: int) -> int:
+        while owner[i] != i:
+            i = owner[i]
+        return i
+
+    for i in range(len(commands)):
+        for j in range(i):
+            if paths[i] & paths[j]:
+                owner[find(i)] = find(j)
+    chains: dict[int, list[int]] = {}
+    for i in range(len(commands)):
+        chains.setdefault(find(i), []).append(i)
+    groups: list[list[int]] = [[] for _ in range(k)]
+    for chain in sorted(chains.values(), key=len, reverse=True):  # longest first, to the emptiest
+        min(groups, key=len).extend(chain)
+    return [[commands[i] for i in sorted(g)] for g in groups]
+
+
+def test_groups_keep_every_command_once_and_chains_whole():
+    commands = [c for c in readme_commands() if not c.startswith("mkdir ")]
+    groups = command_groups(commands)
+    assert sorted(c for g in groups for c in g) == sorted(commands)
+    chain = next(g for g in groups if any("runs/fs4" in c for c in g))
+    assert all(c in chain for c in commands if "runs/fs4" in c or "runs/plan.json" in c)
+
+
+@pytest.mark.parametrize("group", range(GROUPS))
+def test_every_readme_command_runs_as_written(tmp_path, group):
     venv = Path(sys.prefix)
     if not (venv / "bin" / "shardsched").exists():
         pytest.fail(f"run the suite with the project's venv python (no shardsched in {venv}/bin)")
     (tmp_path / ".venv").symlink_to(venv)
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     env = {**os.environ, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
-    for command in map(fewer_steps, readme_commands()):
+    commands = [c for c in readme_commands() if not c.startswith("mkdir ")]
+    mine = command_groups(commands)[group]
+    for command in map(fewer_steps, ["mkdir -p runs", *mine]):
         proc = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=600)
         assert proc.returncode == 0, f"{command}\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}"
+    if not any("runs/fs4" in c for c in mine):
+        return
     # The resume chain: 3 steps with full_shard, resumed to 4 with the same plan, then to 5 under plan.json.
     rows = (tmp_path / "runs" / "fs4" / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 5
