@@ -40,7 +40,7 @@ from shardsched.solve import milp
 from shardsched.solve.baselines import Scored, score
 from shardsched.solve.candidates import Choice, Problem, _allowed
 from shardsched.solve.greedy import Evaluator, greedy, hoist_uniform, least_memory, recompute_less, upgrade
-from shardsched.solve.local import polish
+from shardsched.solve.local import polish, within
 from shardsched.sim.scenario import default_launch
 from shardsched.plan.units import ROOT, root_strategy
 
@@ -96,7 +96,7 @@ class Effort(NamedTuple):
     def reliable(self, p: Problem) -> int:
         return 8 if p.n <= self.strong_units * self.scale else 0
 
-    local_work: int = 60_000
+    local_work: int = 400_000
     """Unit-evaluations of the local search (`solve.local`) per polish at scale 1: a polish of
     a grouping of n units may replay up to local_work / n schedules (each replay is O(n)),
     about 2 s on the 2-core machine whatever n."""
@@ -215,19 +215,12 @@ def _polished(p: Problem, s: Scored, *, budget: int) -> Scored:
     return better if better.peak <= budget and better.seconds <= s.seconds else s
 
 
-def _within(p: Problem, ch: Choice, ahead: int) -> Choice:
-    """`ch` with every AllGather launched at most `ahead` steps before its use (`milp.windows`)."""
-    n = p.n
-    return ch._replace(fwd=tuple(max(f, i - ahead) for i, f in enumerate(ch.fwd)),
-                       bwd=tuple(None if b is None else max(b, 2 * n - 1 - i - ahead) for i, b in enumerate(ch.bwd)))
-
-
 def _milp(p: Problem, start: Scored | None, *, budget: int, effort: Effort, left: float,
           notes: list, narrow: int = 0) -> tuple[Scored | None, milp.MilpResult]:
     """The MILP warm-started from `start`; over launch windows of `narrow` steps when > 0 (its
     bound then covers that smaller space only and is dropped: `Effort.lead_launches`)."""
     ahead = narrow or ahead_for(p.n)
-    r = milp.solve(p, budget=budget, ahead=ahead, start=_within(p, start.choice, ahead) if start else None,
+    r = milp.solve(p, budget=budget, ahead=ahead, start=within(p, start.choice, ahead) if start else None,
                    start_seconds=start.seconds if start else None, nodes=effort.node_limit(), time_limit=left,
                    reliable=effort.reliable(p))
     if narrow:
