@@ -67,10 +67,13 @@ class Effort(NamedTuple):
     def node_limit(self) -> int:
         return max(1, round(self.nodes * self.scale))
 
-    lead_units: int = 40
-    """The grouping with the best start (visited first) gets its MILP up to this size: on a
-    GPT of 24 layers over 512 A100s at 8 GiB the greedy left 2.6 GiB unused at 0.372 s,
-    the MILP found 0.250 s on the same 26 units."""
+    lead_units: int = 20
+    """The grouping with the best start (visited first) gets its MILP over every launch point
+    up to this size, and over narrowed launch windows above it (`narrow`). It was 40: the
+    full-window root node of 23-34 units took 7-15 CPU s of the 10 s target, and at 100 nodes
+    its answer came from the root's heuristics, near the start; narrowed, the same leads take
+    0.4-4 s and their polished answers were as fast or faster (s7: 25 units on 1024 H100s,
+    2.6202 -> 2.5920 s, the 10x search's)."""
 
     def runs_milp(self, p: Problem, *, lead: bool = False) -> bool:
         return p.n <= (self.lead_units if lead else self.milp_units) * self.scale or (lead and self.narrow(p) > 0)
@@ -80,7 +83,8 @@ class Effort(NamedTuple):
     choice but only launch points within about lead_launches / (2n) steps of their use: HiGHS's
     root node is what costs, and it grows with the binaries (a 40-layer GPT's 42 units on 1024
     H100s at 7.4 GiB: 28 s at 23 steps, 7.5 s at 3). That MILP's answer is then polished over the
-    whole window; its dual bound covers only the narrowed space, so it bounds nothing."""
+    whole window; its dual bound covers only the narrowed space, so it bounds nothing. It
+    works as a large move of the local search: strategies of many units change at once."""
 
     def narrow(self, p: Problem) -> int:
         """The narrowed launch window of the lead grouping's MILP (0: full window, or none)."""
@@ -91,7 +95,8 @@ class Effort(NamedTuple):
     """Groupings of more units (at scale 1) get their MILP without strong branching (HiGHS's
     `mip_pscost_minreliable` = 0): there only the lead grouping gets a MILP, its 100 nodes end
     at the root's heuristics (RINS, RENS), and strong branching was half its root's time
-    (25-29 units: 8 -> 3.5-7 CPU s) for the same schedule and bound on the cases measured."""
+    (full window, 25-29 units: 8 -> 3.5-7 CPU s) for the same schedule and bound on the cases
+    measured, narrowed or not."""
 
     def reliable(self, p: Problem) -> int:
         return 8 if p.n <= self.strong_units * self.scale else 0
@@ -99,10 +104,20 @@ class Effort(NamedTuple):
     local_work: int = 400_000
     """Unit-evaluations of the local search (`solve.local`) per polish at scale 1: a polish of
     a grouping of n units may replay up to local_work / n schedules (each replay is O(n)),
-    about 2 s on the 2-core machine whatever n."""
+    up to about 2 s on the 2-core machine whatever n. It was 60,000 before evaluations got
+    ~8x cheaper (`solve.replay`; the peak only for moves that are faster): the 24-layer GPT of
+    bench/bench_plan_speed.py reaches the 10x search's 0.2013 s at 400,000, 0.2050 s at 240,000."""
 
     def local_evals(self, p: Problem) -> int:
         return int(self.local_work * self.scale) // max(1, p.n)
+
+    halve_units: int = 40
+    """A lead grouping of more units gets half the local work per polish: its narrowed MILP's
+    root takes 4-6 CPU s (41-64 units), and the 10 s target needs the rest (s7: the same
+    plans on the 41-64-unit cases of bench/bench_plan_speed.py --random 8, seeds 0-2)."""
+
+    def lead_effort(self, p: Problem) -> Effort:
+        return self._replace(local_work=self.local_work // 2) if p.n > self.halve_units * self.scale else self
 
 
 def ahead_for(n: int) -> int:
@@ -254,9 +269,8 @@ def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Eff
     lb = milp.lower_bound(p, budget)
     if start is not None and start.seconds <= lb * (1 + OPTIMAL_TOL):
         return Outcome(start, start.seconds)  # the start meets the bound: optimal, nothing to solve
-    if lead and effort.narrow(p):  # its MILP does the wide moves: half the local work (CPU target)
-        effort = effort._replace(local_work=effort.local_work // 2)
     if lead:
+        effort = effort.lead_effort(p)
         start = local_polish(p, start, budget=budget, effort=effort)
     if lb >= incumbent or not effort.runs_milp(p, lead=lead) or (start is None and p.n > FULL_WINDOW_UNITS):
         return Outcome(start, lb)  # closed by the bound, or left to the bound (size rule)
