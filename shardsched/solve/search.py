@@ -15,8 +15,9 @@ AllGather launch point within `milp.windows` of its use. Per grouping, in a fixe
   3. the MILP, warm-started from the best start, within a node limit (`Effort`): it never
      returns worse than its start, and HiGHS's dual bound raises the grouping's bound; the
      lead grouping's MILP answer is polished again (`solve.local`), and so is the best plan
-     at the end when another grouping gave it. A lead grouping above `Effort.lead_units` gets
-     its MILP over narrowed launch windows (`Effort.narrow`): a schedule, no bound.
+     at the end when another grouping gave it. A lead grouping above `Effort.lead_units` (20)
+     gets its MILP over narrowed launch windows (`Effort.narrow`): a schedule, no bound; up
+     to `Effort.bound_units` (40) a root-only MILP over the whole window then bounds it.
 The plan's bound is the least bound over every grouping; "optimal" means the plan meets it.
 
 [Note: determinism] Nothing here reads the clock to decide: the groupings, their order,
@@ -119,12 +120,13 @@ class Effort(NamedTuple):
     from `milp.lower_bound`)."""
 
     halve_units: int = 40
-    """A lead grouping of more units gets half the local work per polish: its narrowed MILP's
-    root takes 4-6 CPU s (41-64 units), and the 10 s target needs the rest (s7: the same
+    """A lead grouping of more units that gets a narrowed MILP gets half the local work per
+    polish: that MILP's root takes 4-6 CPU s (41-64 units), and the 10 s target needs the rest (s7: the same
     plans on the 41-64-unit cases of bench/bench_plan_speed.py --random 8, seeds 0-2)."""
 
     def lead_effort(self, p: Problem) -> Effort:
-        return self._replace(local_work=self.local_work // 2) if p.n > self.halve_units * self.scale else self
+        halve = p.n > self.halve_units * self.scale and self.narrow(p) > 0
+        return self._replace(local_work=self.local_work // 2) if halve else self
 
 
 def ahead_for(n: int) -> int:
