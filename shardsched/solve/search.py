@@ -121,8 +121,8 @@ class Effort(NamedTuple):
 
     halve_units: int = 40
     """A lead grouping of more units that gets a narrowed MILP gets half the local work per
-    polish: that MILP's root takes 4-6 CPU s (41-64 units), and the 10 s target needs the rest (s7: the same
-    plans on the 41-64-unit cases of bench/bench_plan_speed.py --random 8, seeds 0-2)."""
+    polish: that MILP's root takes 4-6 CPU s (41-64 units) and the 10 s target needs the rest
+    (s7: the same plans on the 41-64-unit cases of `bench_plan_speed.py --random 8`, seeds 0-2)."""
 
     def lead_effort(self, p: Problem) -> Effort:
         halve = p.n > self.halve_units * self.scale and self.narrow(p) > 0
