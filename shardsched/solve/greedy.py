@@ -26,7 +26,7 @@ from shardsched.cost.memory import state_bytes
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.sim.memory import extra_gather, forward_gathers, held_gathers, holds_root_grad
 from shardsched.solve.milp import FS, FSN, HS, HSGO, REP, SGO, costs_of
-from shardsched.sim.timeline import replay
+from shardsched.solve.replay import Replay
 
 PER_AG_HOIST_UNITS = 20
 """Above this many units, hoist all AllGathers together (see module docstring). 20, the
@@ -43,9 +43,10 @@ class Evaluator:
         self.p, self.c = p, costs_of(p)
         c = self.c
         self.unsh = np.array(c.unsharded, dtype=np.float64)
+        self.replay = Replay(p)
 
     def seconds(self, ch: Choice) -> float:
-        return replay(self.p.scenario(ch)).step_seconds
+        return self.replay.seconds(ch)
 
     def peak(self, ch: Choice) -> int:
         return int(max(self.moments(ch)))

@@ -682,15 +682,24 @@ def _new_highs() -> highspy.Highs:
 
 def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | None = None,
           start_seconds: float | None = None, nodes: int = NODES, time_limit: float = math.inf,
-          gap: float = 1e-9) -> MilpResult:
+          gap: float = 1e-9, reliable: int = 8, heuristics: bool = True) -> MilpResult:
     """Optimal schedule of one grouping under `budget` bytes (HiGHS, warm-started), within
     `nodes` branch-and-bound nodes. `time_limit` is a safety cut-off only: a run it stops
-    reports status "time limit reached", and its answer may depend on the machine."""
+    reports status "time limit reached", and its answer may depend on the machine.
+    `reliable`: HiGHS's `mip_pscost_minreliable` (8, its default: strong branching until a
+    column's pseudo-costs rest on 8 branchings; 0: none, `search.Effort.reliable`).
+    `heuristics=False`: no primal heuristics (RINS, RENS, feasibility jump, reduced-cost
+    fixing), for a run that is only after the root node's dual bound (`search._root_bound`)."""
     t0 = time.perf_counter()
     b = _Build(p, budget=budget, ahead=p.n if ahead is None else ahead,
                t_ub=start_seconds if start is not None else None)
     h = _new_highs()
     h.setOptionValue("mip_max_nodes", int(nodes))
+    h.setOptionValue("mip_pscost_minreliable", int(reliable))
+    if not heuristics:
+        h.setOptionValue("mip_heuristic_effort", 0.0)
+        for name in ("rins", "rens", "feasibility_jump", "root_reduced_cost"):
+            h.setOptionValue(f"mip_heuristic_run_{name}", False)
     if math.isfinite(time_limit):
         h.setOptionValue("time_limit", max(0.05, time_limit - (time.perf_counter() - t0)))
     h.setOptionValue("mip_rel_gap", gap)
