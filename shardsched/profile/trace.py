@@ -44,6 +44,7 @@ from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.profile.workspace import ROOT_TAIL, BackwardWorkspace
 from shardsched.profile.workspace_terms import layer_workspace, outside_workspace
+from shardsched.runtime import sac
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TAG = "shardsched_layer"
@@ -161,6 +162,12 @@ class _Stats:
         self.outside: dict[str, int] = defaultdict(int)  # `LayerProfile.outside_bytes`
         self.outside_largest: dict[str, int] = defaultdict(int)  # its largest tensor
         self.largest_saved: dict[str, int] = defaultdict(int)  # per key: folded keys become outside
+        # selective checkpointing ([Note: the selective checkpointing policy] in runtime/sac.py)
+        self.sac_saved: dict[str, int] = defaultdict(int)  # `LayerProfile.selective_saved_bytes`
+        self.sac_flops = defaultdict(lambda: defaultdict(float))  # forward FLOPs it recomputes
+        self.sac_moved: dict[str, int] = defaultdict(int)  # forward bytes moved by ops it recomputes
+        self.sac_seen: set = set()  # storages counted in `sac_saved`
+        self.sac_alive: list = []  # those storages, alive through forward (no StorageImpl reuse)
 
 
 class _Tracer:
@@ -256,17 +263,34 @@ class _Counter(fc.FlopCounterMode):
     def _count_flops(self, func_packet, out, args, kwargs):
         keys, phase = self.tracer.key()
         st = self.tracer.stats
+        selective = phase == "fwd" and not self.tracer.outside()  # code a selective layer runs
+        if selective and sac.saves(func_packet):
+            self._sac_saved(keys, L.tensors_in(out))
+        recomputed = selective and not sac.saves(func_packet)
         if func_packet in self.flop_registry:
             flops = self.flop_registry[func_packet](*args, **kwargs, out_val=out)
             for k in keys:
                 st.flops[phase][k][_op_class(func_packet)] += flops
+                if recomputed:
+                    st.sac_flops[k][_op_class(func_packet)] += flops
         else:
             outs, ins = L.tensors_in(out), L.tensors_in((args, kwargs))
             in_keys = {_storage_key(t) for t in ins}
             if any(_storage_key(t) not in in_keys for t in outs):  # a fresh result: not a view or in-place
                 for k in keys:
                     st.moved[phase][k] += _nbytes(ins) + _nbytes(outs)
+                    if recomputed:
+                        st.sac_moved[k] += _nbytes(ins) + _nbytes(outs)
         return out
+
+    def _sac_saved(self, keys, outs: list[torch.Tensor]) -> None:
+        """The outputs selective checkpointing stores (all of a saved op's), each storage once."""
+        st = self.tracer.stats
+        fresh = [t for t in outs if _storage_key(t) not in st.sac_seen]
+        st.sac_seen.update(_storage_key(t) for t in fresh)
+        st.sac_alive += fresh
+        for k in keys:
+            st.sac_saved[k] += _nbytes(fresh)
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -352,6 +376,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 loss = loss_of(torch.func.functional_call(model, state, fake_inputs, tie_weights=True))
             kept.clear()  # the graph holds what backward needs; activations must free as it runs
+            tracer.stats.sac_alive.clear()
             loss.backward()
     except UsageError:
         raise
@@ -462,17 +487,18 @@ def _expand(tracer: _Tracer, full: list[str], kids: list[str], stacks) -> None:
     """Give every entry 2..n-1 the stats of the traced entry that stands for it."""
     st = tracer.stats
     targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
+    plain = (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
+             st.forward_nosave, st.entry, st.sac_saved, st.sac_moved)
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
                   {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
-                  [d.get(src, 0) for d in (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
-                                    st.forward_nosave, st.entry)]) for _, src in targets}
+                  [d.get(src, 0) for d in plain], dict(st.sac_flops.get(src, {}))) for _, src in targets}
     for name, src in targets:
-        flops, moved, rest = snap[src]
+        flops, moved, rest, sac_flops = snap[src]
         for ph in ("fwd", "bwd"):
             st.flops[ph][name] = defaultdict(float, flops[ph])
             st.moved[ph][name] = moved[ph]
-        for d, v in zip((st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
-                                    st.forward_nosave, st.entry), rest):
+        st.sac_flops[name] = defaultdict(float, sac_flops)
+        for d, v in zip(plain, rest):
             d[name] = v
 
     def order(ran: list[str], names: list[str]) -> list[str]:
@@ -506,7 +532,10 @@ def _fold(stats: _Stats, ran: list[str], final: list[str]) -> None:
             for c, f in stats.flops[ph].pop(k, {}).items():
                 stats.flops[ph][target][c] += f
             stats.moved[ph][target] += stats.moved[ph].pop(k, 0)
-        # Its module is not the target's, so checkpointing the target does not recompute it.
+        # Its module is not the target's, so checkpointing the target does not recompute it
+        # (nor does selective checkpointing store its outputs).
+        for d in (stats.sac_saved, stats.sac_moved, stats.sac_flops):
+            d.pop(k, None)
         stats.outside[target] += stats.acts.get(k, 0)
         stats.acts[target] += stats.acts.pop(k, 0)
         stats.outside.pop(k, None)
@@ -542,6 +571,9 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         outside_workspace_bytes=outside_workspace(st.outside_largest.get(name, 0)) if name != L.ROOT else 0,
         forward_peak_bytes=st.forward_peak.get(name, 0) if name != L.ROOT else 0,
         checkpointed_forward_bytes=st.forward_nosave.get(name, 0) if name != L.ROOT else 0,
+        selective_saved_bytes=st.sac_saved.get(name, 0),
+        selective_recompute_seconds=device.compute_seconds(dict(st.sac_flops.get(name, {})))
+        + st.sac_moved.get(name, 0) / bw,
         input_bytes=st.inputs.get(name, 0), entry_bytes=st.entry.get(name, 0), outside_bytes=st.outside.get(name, 0), calls=max(1, st.calls.get(name, 1)),
         forward_flops=fwd,
         backward_flops=bwd,

@@ -58,6 +58,14 @@ class LayerProfile:
     """Its (first call's) inputs that nothing saved before it runs (a residual sum, which no
     op saves): live next to what earlier layers saved when its unit's AllGather copies out,
     before it runs and saves them itself (`sim.memory._forward`); 0 = unknown."""
+    selective_saved_bytes: int | None = None
+    """Bytes of the outputs of the ops selective checkpointing saves (`runtime.sac.saves`:
+    matmuls, attention, convolutions) in its forward, each storage once: what a selective
+    layer keeps next to its inputs (SAC's caching mode stores them whether or not autograd
+    would save them). None = unknown (the planner then assumes it keeps all its activations)."""
+    selective_recompute_seconds: float | None = None
+    """Forward seconds of the ops selective checkpointing recomputes (all but those it saves:
+    mostly memory-bound ones, priced by their moved bytes). None = unknown (its whole forward)."""
     calls: int = 1
     """Times its module runs in one forward (ALBERT's shared layer: once per depth).
     Parameters and workspace count once; `activation_bytes` and `input_bytes` are the

@@ -18,7 +18,7 @@ from typing import NamedTuple
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import StateBytes, shard_numel
 from shardsched.cost.strategy import shard_count
-from shardsched.core.types import GradSync, Strategy
+from shardsched.core.types import Checkpoint, GradSync, Strategy
 
 
 class Inner(NamedTuple):
@@ -72,6 +72,10 @@ class UnitCost:
     frees them before the unit's own backward starts."""
     layer_dims: tuple[tuple[tuple[int, int], ...], ...] = ()
     """`dims` per layer (for the per-module ReduceScatter inputs of a fused unit); () = unknown."""
+    recompute_seconds: float | None = None
+    """Seconds its backward spends recomputing when checkpointed; None: its whole forward
+    (full checkpointing). A selective unit's cost (`plan.units.unit_cost`) sets it to the
+    ops the policy recomputes ([Note: selective checkpointing as kept bytes])."""
 
     def module_reduce_numel(self, n: int, *, last: bool) -> int:
         """Elements of one module's ReduceScatter input over n shards: FSDP2 (torch 2.13)
@@ -83,6 +87,10 @@ class UnitCost:
             return self.padded_numel(n)
         sizes = [int(n * shard) for shard in self._layer_shards(n)]
         return sizes[0] if last else max(sizes)
+
+    def recompute(self) -> float:
+        """Seconds its backward recomputes when checkpointed (`recompute_seconds`)."""
+        return self.forward_seconds if self.recompute_seconds is None else self.recompute_seconds
 
     def checkpointed_start(self) -> int:
         """Its own bytes as its backward starts when checkpointed: its last layer recomputed
@@ -200,8 +208,10 @@ class Scenario:
     optimizer_workspace_factor: float = 0.0
     """Transient bytes of the optimizer step, per byte of persistent fp32 params
     (foreach Adam materialises a few parameter-sized temporaries)."""
-    checkpoint: tuple[bool, ...] = ()
-    """Per unit: activation checkpointing on (empty: off everywhere)."""
+    checkpoint: tuple = ()
+    """Per unit: activation checkpointing, a `Checkpoint` (or a bool: full or none; empty:
+    none anywhere). A selective unit's `UnitCost` is its selective form, so every moment
+    below reads it as checkpointed ([Note: selective checkpointing as kept bytes])."""
     root_tied_numel: int = 0
     """`Profile.root_tied_numel`: the root's tied tensors, whose gradient a DDP backward holds
     throughout (`sim.memory` [Note: plans that run on DDP])."""
@@ -219,7 +229,11 @@ class Scenario:
                 and not any(self.checkpoint))
 
     def ckpt(self, i: int) -> bool:
-        return bool(self.checkpoint) and self.checkpoint[i]
+        """Unit i recomputes in backward (full or selective)."""
+        return bool(self.checkpoint) and bool(self.checkpoint[i])
+
+    def mode(self, i: int) -> Checkpoint:
+        return Checkpoint(self.checkpoint[i]) if self.checkpoint else Checkpoint.NONE
 
     def retained_bytes(self, i: int) -> int:
         """Activations unit i keeps from its forward to its backward."""
@@ -268,9 +282,9 @@ class Scenario:
         return self.units[i].done_grad_bytes(shard_count(self.strategies[i], self.cluster), self.state.grad)
 
     def backward_seconds(self, i: int) -> float:
-        """A checkpointed unit recomputes its forward inside its backward."""
+        """A checkpointed unit recomputes its forward (selective: some of it) inside its backward."""
         u = self.units[i]
-        return u.backward_seconds + (u.forward_seconds if self.ckpt(i) else 0.0)
+        return u.backward_seconds + (u.recompute() if self.ckpt(i) else 0.0)
 
     @property
     def n(self) -> int:

@@ -183,7 +183,7 @@ def _moves(ev: Evaluator, ch: Choice) -> list[tuple[float, int, object, object]]
                 if MIN_FIRST.index(b) > MIN_FIRST.index(a) and saved > 0:
                     out.append((saved / max(cost_of[b] - cost_of[a], 1), i, a, b))
         if ch.ckpt and ch.ckpt[i]:
-            out.append((c.fwd[i] / max(c.act[i] - c.inp[i], 1), i, None, None))
+            out.append((c.rec[i] / max(c.act[i] - c.inp[i], 1), i, None, None))
     return sorted(out, key=lambda m: -m[0])
 
 
@@ -280,7 +280,7 @@ def recompute_less(ev: Evaluator, ch: Choice, *, budget: int) -> Choice:
     kept every unit checkpointed at a 25 GiB peak."""
     c, t = ev.c, ev.seconds(ch)
     order = sorted((i for i in range(ev.p.n) if ch.ckpt and ch.ckpt[i]),
-                   key=lambda i: (-c.fwd[i] / max(c.act[i] - c.inp[i], 1), i))
+                   key=lambda i: (-c.rec[i] / max(c.act[i] - c.inp[i], 1), i))
     for i in order:
         ch, t = _kept(ev, ch, t, _with(ch, i, None), budget)
     return ch

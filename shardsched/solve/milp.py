@@ -143,7 +143,10 @@ class Costs(NamedTuple):
     red: list[dict]
     fwd: list[float]
     bwd: list[float]
-    """Backward seconds without recomputation (a checkpointed unit adds `fwd`)."""
+    """Backward seconds without recomputation (a checkpointed unit adds `rec`)."""
+    rec: list[float]
+    """Seconds a checkpointed unit recomputes in its backward (`UnitCost.recompute`: its
+    forward, or a selective unit's recomputed ops)."""
     shard: list[dict]
     held: list[dict]
     """Bytes held from the end of forward to the backward copy-out (`cost.strategy`)."""
@@ -219,6 +222,7 @@ def costs_of(p: Problem) -> Costs:
                  red=[{k: reduce_seconds(k, r[k], cl) for k in ks} for r in msg_by],
                  # from the scenario: it adds the device's per-unit host overhead
                  fwd=[c.forward_seconds for c in sc.units], bwd=[c.backward_seconds for c in sc.units],
+                 rec=[c.recompute() for c in sc.units],
                  shard=[{k: c.shard_numel(shard_count(k, cl)) for k in ks} for c in p.costs],
                  held=[{k: held_after_forward(k, b[k], cl) for k in ks} for b in unsh_by],
                  unsharded=[c.padded_numel(cl.world) * sb.unsharded_param for c in p.costs],
@@ -294,7 +298,7 @@ class _Build:
         c = self.c
         worst = sum(max(c.agf[i][k] + c.agb[i][k] + c.red[i][k] for k in self.z[i]) for i in range(self.n))
         opt = sum(s[REP] for s in c.shard) * c.opt_per_param
-        recompute = sum(c.fwd) if self.p.checkpointable else 0.0
+        recompute = sum(c.rec) if self.p.checkpointable else 0.0
         return (sum(self.comp) + (worst + opt + recompute) / self.tscale) * 1.01 + 1e-9
 
     def _decisions(self) -> None:
@@ -353,12 +357,12 @@ class _Build:
         return out
 
     def _recompute(self, s: int) -> dict:
-        """A checkpointed unit's backward step also runs its forward."""
+        """A checkpointed unit's backward step also recomputes (`Costs.rec`)."""
         n = self.n
         if s < n or s >= 2 * n or self.ck[2 * n - 1 - s] is None:
             return {}
         i = 2 * n - 1 - s
-        return {self.ck[i]: self.c.fwd[i] / self.tscale}
+        return {self.ck[i]: self.c.rec[i] / self.tscale}
 
     def _opt_seconds(self) -> dict:
         out = {}
@@ -740,7 +744,7 @@ def _least_recompute(p: Problem, c: Costs, budget: float) -> float:
     excess = states + sum(c.act) + c.input_bytes - (budget + 4096)  # 4 KiB: the rows match the simulator to 64 B
     if excess <= 0:
         return 0.0
-    saves = sorted((c.fwd[i] / (c.act[i] - c.inp[i]), c.act[i] - c.inp[i]) for i in range(p.n)
+    saves = sorted((c.rec[i] / (c.act[i] - c.inp[i]), c.act[i] - c.inp[i]) for i in range(p.n)
                    if p.can_checkpoint(i) and c.act[i] > c.inp[i])
     seconds = 0.0
     for per_byte, size in saves:
