@@ -95,9 +95,9 @@ def kept_when_checkpointed(layer: LayerProfile) -> int:
 # saves, as a recomputed checkpointed layer does. So every moment of a selective unit is the
 # checkpointed unit's with `kept` grown by the saved outputs: `unit_cost(..., SELECTIVE)`
 # builds that cost, the scenario marks the unit checkpointed, and the simulator, the MILP
-# rows and greedy's evaluator read it unchanged. Its forward holds the outputs saved so far
-# beside the transient of a forward that saves nothing: that transient plus all its saved
-# outputs is the bound taken. Its recomputation costs the recomputed ops' seconds
+# rows and greedy's evaluator read it unchanged. Its forward peak is measured so
+# (`LayerProfile.selective_forward_bytes`); unknown, the transient of a forward that saves
+# nothing plus all its saved outputs is the bound taken. Its recomputation costs the recomputed ops' seconds
 # (`UnitCost.recompute_seconds`), not the whole forward.
 
 def kept_when_selective(layer: LayerProfile) -> int:
@@ -112,7 +112,8 @@ def _as_selective(layer: LayerProfile) -> LayerProfile:
     outputs are inputs it keeps, on top of the forward transient too."""
     extra = kept_when_selective(layer) - kept_when_checkpointed(layer)
     nosave = layer.checkpointed_forward_bytes or (layer.workspace_bytes or layer.activation_bytes // 2) // 2
-    return dataclasses.replace(layer, input_bytes=layer.input_bytes + extra, checkpointed_forward_bytes=nosave + extra)
+    return dataclasses.replace(layer, input_bytes=layer.input_bytes + extra,
+                               checkpointed_forward_bytes=layer.selective_forward_bytes or nosave + extra)
 
 
 # [Note: checkpointed units, layer by layer]

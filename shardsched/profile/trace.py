@@ -159,6 +159,7 @@ class _Stats:
         self.calls: dict[str, int] = defaultdict(int)  # forward calls of each module
         self.forward_peak: dict[str, int] = defaultdict(int)  # measured, [Note: forward windows]
         self.forward_nosave: dict[str, int] = defaultdict(int)  # the same, saving nothing
+        self.forward_sac: dict[str, int] = defaultdict(int)  # the same, keeping what SAC stores
         self.outside: dict[str, int] = defaultdict(int)  # `LayerProfile.outside_bytes`
         self.outside_largest: dict[str, int] = defaultdict(int)  # its largest tensor
         self.largest_saved: dict[str, int] = defaultdict(int)  # per key: folded keys become outside
@@ -391,20 +392,38 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         tracer.remove()
     with _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, rules, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tracer.stats.forward_nosave.update(_forward_without_saving(
-            model, state, fake_inputs, names, list(tracer.parent), [*state.values(), *L.tensors_in(fake_inputs)]))
+        for keep, out in ((False, tracer.stats.forward_nosave), (True, tracer.stats.forward_sac)):
+            out.update(_forward_without_saving(model, state, fake_inputs, names, list(tracer.parent),
+                                               [*state.values(), *L.tensors_in(fake_inputs)], keep_saved=keep))
     return tracer
 
 
+class _KeepSaved(TorchDispatchMode):
+    """Holds the outputs of the ops selective checkpointing stores (`runtime.sac.saves`) to the
+    end of forward, as its caching mode does."""
+
+    def __init__(self):
+        super().__init__()
+        self.kept: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if sac.saves(func):
+            self.kept.append(out)
+        return out
+
+
 def _forward_without_saving(model: nn.Module, state: dict, inputs: tuple, names: list[str], children: list[str],
-                            persistent: list) -> dict[str, int]:
+                            persistent: list, *, keep_saved: bool = False) -> dict[str, int]:
     """Each layer's forward peak when it saves nothing, as a checkpointed layer's forward runs
     (non-reentrant checkpoint drops what autograd would save): the same forward under
     `no_grad`, watched by the live-bytes mode ([Note: forward windows] in profile/workspace.py).
+    `keep_saved`: as a selective layer's forward runs, keeping what its policy stores.
     Run after the traced pass, its hooks removed, so nothing is counted twice."""
     ws = BackwardWorkspace(model, names, children, persistent=persistent)
+    keep = _KeepSaved() if keep_saved else contextlib.nullcontext()
     try:
-        with ws, torch.no_grad():
+        with ws, torch.no_grad(), keep:
             torch.func.functional_call(model, state, inputs, tie_weights=True)
     finally:
         ws.finish()
@@ -488,7 +507,7 @@ def _expand(tracer: _Tracer, full: list[str], kids: list[str], stacks) -> None:
     st = tracer.stats
     targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
     plain = (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
-             st.forward_nosave, st.entry, st.sac_saved, st.sac_moved)
+             st.forward_nosave, st.entry, st.sac_saved, st.sac_moved, st.forward_sac)
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
                   {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
                   [d.get(src, 0) for d in plain], dict(st.sac_flops.get(src, {}))) for _, src in targets}
@@ -544,6 +563,7 @@ def _fold(stats: _Stats, ran: list[str], final: list[str]) -> None:
         stats.workspace[target] = max(stats.workspace[target], stats.workspace.pop(k, 0))
         stats.forward_peak[target] = max(stats.forward_peak[target], stats.forward_peak.pop(k, 0))
         stats.forward_nosave[target] = max(stats.forward_nosave[target], stats.forward_nosave.pop(k, 0))
+        stats.forward_sac[target] = max(stats.forward_sac[target], stats.forward_sac.pop(k, 0))
 
 
 def _workspace(name: str, params: Sequence[nn.Parameter], st: _Stats) -> int:
@@ -572,6 +592,7 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         forward_peak_bytes=st.forward_peak.get(name, 0) if name != L.ROOT else 0,
         checkpointed_forward_bytes=st.forward_nosave.get(name, 0) if name != L.ROOT else 0,
         selective_saved_bytes=st.sac_saved.get(name, 0),
+        selective_forward_bytes=st.forward_sac.get(name, 0) if name != L.ROOT else 0,
         selective_recompute_seconds=device.compute_seconds(dict(st.sac_flops.get(name, {})))
         + st.sac_moved.get(name, 0) / bw,
         input_bytes=st.inputs.get(name, 0), entry_bytes=st.entry.get(name, 0), outside_bytes=st.outside.get(name, 0), calls=max(1, st.calls.get(name, 1)),

@@ -63,6 +63,10 @@ class LayerProfile:
     matmuls, attention, convolutions) in its forward, each storage once: what a selective
     layer keeps next to its inputs (SAC's caching mode stores them whether or not autograd
     would save them). None = unknown (the planner then assumes it keeps all its activations)."""
+    selective_forward_bytes: int = 0
+    """Peak of its forward above its start as a selective layer runs (saving nothing for
+    autograd, keeping the policy's outputs: measured, [Note: forward windows]); 0 = unknown
+    (the planner then takes `checkpointed_forward_bytes` plus all its saved outputs)."""
     selective_recompute_seconds: float | None = None
     """Forward seconds of the ops selective checkpointing recomputes (all but those it saves:
     mostly memory-bound ones, priced by their moved bytes). None = unknown (its whole forward)."""
