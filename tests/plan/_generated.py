@@ -17,6 +17,7 @@ standing for a worker of `world`), and returns (predicted, measured) peak bytes.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -252,8 +253,17 @@ def draw_plan(rng: random.Random) -> PlanSpec:
     if kind == "mixed":  # some layers get another strategy, checkpointed or not
         other = rng.choice(WORDS)
         other += "+ckpt" if other != "replicate" and rng.random() < 0.5 else ""
-        return PlanSpec(spec, world, rng.random() < 0.5, other=other, first=rng.randint(0, 2), every=rng.randint(1, 3))
-    return PlanSpec(spec, world, rng.random() < 0.5)
+        return _selective(rng, PlanSpec(spec, world, rng.random() < 0.5, other=other, first=rng.randint(0, 2),
+                                        every=rng.randint(1, 3)))
+    return _selective(rng, PlanSpec(spec, world, rng.random() < 0.5))
+
+
+def _selective(rng: random.Random, ps: PlanSpec) -> PlanSpec:
+    """Each checkpointed word checkpointed selectively (`+sac`) half the time; drawn last, so
+    every other draw of a seed is what it was before `+sac` existed."""
+    words = [w if not w.endswith("+ckpt") or rng.random() < 0.5 else w.removesuffix("+ckpt") + "+sac"
+             for w in (ps.strategy, ps.other)]
+    return dataclasses.replace(ps, strategy=words[0], other=words[1])
 
 
 def draw_case(seed: int) -> tuple[Spec, PlanSpec]:
