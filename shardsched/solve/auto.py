@@ -24,7 +24,7 @@ from shardsched.solve.candidates import Problem, candidate_problems, finest_prob
 from shardsched.solve.greedy import least_memory
 from shardsched.solve.search import FULL_WINDOW_UNITS, Effort, Search, ahead_for, search, with_baseline_groupings
 from shardsched.plan.spec import StrategySpec
-from shardsched.core.types import Optimizer, Plan, Precision, SolverInfo, Strategy
+from shardsched.core.types import Checkpoint, Optimizer, Plan, Precision, SolverInfo, Strategy
 from shardsched.profile.types import Profile
 from shardsched.sim.memory import step_memory
 
@@ -214,7 +214,10 @@ def explain(best: Scored, *, baselines: list[Scored], budget: int, candidates: i
         label = p.costs[a].name if a == b else f"{p.costs[a].layers[0]}..{p.costs[b].layers[-1]}"
         notes.append(f"{label}: {_why(best, a, b, budget, pins)}")
     if any(ch.ckpt):
-        notes.append(f"{sum(ch.ckpt)} of {p.n} units checkpointed (activations recomputed in backward to fit)")
+        sac = sum(c is Checkpoint.SELECTIVE for c in ch.ckpt)
+        notes.append(f"{sum(map(bool, ch.ckpt))} of {p.n} units checkpointed"
+                     + (f" ({sac} selectively: matmul and attention outputs kept)" if sac else "")
+                     + " (activations recomputed in backward to fit)")
     early = sum(1 for i in range(p.n) if ch.fwd[i] < i - 1)
     early += sum(1 for i in range(p.n) if ch.bwd[i] is not None and ch.bwd[i] < 2 * p.n - 2 - i)
     notes.append(f"{_grouping_words(p.n, len(p.profile.layers))} ({candidates} groupings considered); "

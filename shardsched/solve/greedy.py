@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardsched.core.types import GradSync
+from shardsched.core.types import Checkpoint, GradSync
 from shardsched.cost.memory import state_bytes
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.sim.memory import extra_gather, forward_gathers, held_gathers, holds_root_grad
@@ -74,7 +74,8 @@ class Evaluator:
         held = np.array([c.held[i][s] for i, s in enumerate(ch.strategies)], dtype=np.float64)
         U = np.concatenate([[0], np.cumsum(held)])
         G = np.concatenate([np.cumsum((shard * sb.grad)[::-1])[::-1], [0]])
-        kept = [c.inp[i] if ch.ckpt and ch.ckpt[i] else c.act[i] for i in range(n)]
+        modes = [_mode(ch, i) for i in range(n)]
+        kept = [_own(c, i, modes[i], c.act[i], c.inp[i], "inp") for i in range(n)]
         self.act = np.concatenate([[0], np.cumsum(kept)]).astype(np.float64)
         inc, exc = self._pending(ch, n)
         out = []
@@ -82,13 +83,13 @@ class Evaluator:
         for i in range(n):
             u, prev = unsh[i] + hag[i], hag[i - 1] if i else 0.0
             unit = self.p.costs[i]
-            ck = bool(ch.ckpt and ch.ckpt[i])
-            lead = unit.checkpointed_lead_bytes if ck else unit.lead_activation_bytes
+            x = modes[i]
+            lead = _own(c, i, x, unit.lead_activation_bytes, unit.checkpointed_lead_bytes, "lead")
             extra = extra_gather(unit, ch.strategies[i]) * unsh[i] + (lead if len(unit.layers) > 1 else 0)
             outside = unit.outside_workspace_bytes  # the loss's forward, after the unit reshards
             out.append(pers + U[i] + max(unsh[i] + ag[i] + prev + self.act[i] + unit.entry_bytes + exc[i],
                                          u + extra + self.act[i] + inc[i],
-                                         u + self.act[i] + c.fwd_own[i][ck] + inc[i],
+                                         u + self.act[i] + _own(c, i, x, *c.fwd_own[i], "fwd_own") + inc[i],
                                          held[i] + hag[i] + self.act[i + 1] + outside // 2 + inc[i] if outside else 0))
         rs = [(c.rs_by[i][s], c.rs_kept_by[i][s]) for i, s in enumerate(ch.strategies)]
         for s in range(n, 2 * n):
@@ -102,16 +103,16 @@ class Evaluator:
         held_rs = rs[i + 1][1] if i + 1 < n else 0
         base = pers + U[i] + G[i + 1] + (c.root_grad if holds_root_grad(i, n) else 0)
         u = unsh[i]
-        ck = bool(ch.ckpt and ch.ckpt[i])
+        x = _mode(ch, i)
         k = ch.strategies[i]
-        own = c.ck_start[i] if ck else c.bwd_own[i]  # `Scenario.backward_start`
+        own = _own(c, i, x, c.bwd_own[i], c.ck_start[i], "start")  # `Scenario.backward_start`
         m = u + self.act[i] + own + held_rs + inc[s]  # backward starts (checkpointed: recomputed)
         if c.last_end[i] is None:
             m = max(m, u + c.ugrad[i] + self.act[i] + c.ws[i] + held_rs + inc[s],  # backward ends
                     c.ugrad[i] + self.act[i] + rs[i][0] + inc[s])  # reduce
         else:  # module by module (`UnitCost.last_end`, `UnitCost.inner_moments`)
-            m = max(m, u + self.act[i] + c.last_end[i][ck] + held_rs + inc[s],
-                    u + self.act[i] + c.inner_most[i][k][ck] + inc[s])
+            m = max(m, u + self.act[i] + _own(c, i, x, *c.last_end[i], "last_end") + held_rs + inc[s],
+                    u + self.act[i] + c.inner_most[i][k][x] + inc[s])
         outside = self.p.costs[i].outside_workspace_bytes  # the loss's backward, before it gathers
         if outside:
             # `base` counts the root's gradient as held at unit i; the loss runs before the head's
@@ -120,6 +121,17 @@ class Evaluator:
         if ch.strategies[i].gathers_for_backward:  # copy-out, its post-forward slice still live
             m = max(m, 2 * u + held[i] + self.act[i + 1] + held_rs + exc[s])
         return base + m
+
+
+def _mode(ch: Choice, i: int) -> int:
+    """Unit i's checkpointing as an index: 0 none, 1 full, 2 selective (`Costs.inner_most`)."""
+    mode = Checkpoint(ch.ckpt[i]) if ch.ckpt else Checkpoint.NONE
+    return 2 if mode is Checkpoint.SELECTIVE else int(bool(mode))
+
+
+def _own(c, i: int, x: int, plain, full, field: str):
+    """A unit's own bytes of one moment under checkpointing index x (`_mode`)."""
+    return (plain, full, getattr(c.sac[i], field) if c.sac[i] is not None else full)[x]
 
 
 def with_accumulation(p: Problem, G: np.ndarray, moments: list[float]) -> list[float]:
