@@ -282,20 +282,44 @@ def greedy(p: Problem, *, budget: int, ahead: int | None = None) -> Choice | Non
     unchecked = least._replace(ckpt=())
     starts = [least] + ([unchecked] if least.ckpt and p.n <= PER_AG_HOIST_UNITS and ev.peak(unchecked) <= budget
                         else [])
+    # selective wherever offered (full elsewhere): recomputing little, it frees memory that
+    # climbing from the all-full start, one unit at a time, never finds (a start, when it fits)
+    selective = least._replace(ckpt=tuple(Checkpoint.SELECTIVE if p.can_select(i) else c
+                                          for i, c in enumerate(least.ckpt)))
+    if p.selective and least.ckpt and ev.peak(selective) <= budget:
+        starts.append(selective)
     return min((_climb(ev, ch, budget=budget, ahead=ahead) for ch in starts), key=ev.seconds)
 
 
 def recompute_less(ev: Evaluator, ch: Choice, *, budget: int) -> Choice:
-    """Switch checkpointing off where it still fits, most recompute seconds per byte first.
+    """Switch checkpointing off where it still fits, most recompute seconds per byte first,
+    else to selective checkpointing where the Problem offers it and that fits.
     `upgrade` ranks these moves among the strategy moves and tries each once, so memory
     freed later (or never wanted by a strategy move) was left unused: Llama-2-70B at 40 GiB
     kept every unit checkpointed at a 25 GiB peak."""
     c, t = ev.c, ev.seconds(ch)
-    order = sorted((i for i in range(ev.p.n) if ch.ckpt and ch.ckpt[i]),
-                   key=lambda i: (-c.rec[i] / max(c.act[i] - c.inp[i], 1), i))
-    for i in order:
-        ch, t = _kept(ev, ch, t, _with(ch, i, None), budget)
+    for _, i, src, dst in _recompute_moves(ev, ch):
+        if _mode(ch, i) == src:
+            ch, t = _kept(ev, ch, t, _with(ch, i, None) if dst == 0 else ch._replace(
+                ckpt=ch.ckpt[:i] + (Checkpoint.SELECTIVE,) + ch.ckpt[i + 1:]), budget)
     return ch
+
+
+def _recompute_moves(ev: Evaluator, ch: Choice) -> list[tuple[float, int, int, int]]:
+    """(recompute seconds saved per byte it costs, unit, from mode, to mode: `_mode`'s index),
+    best first: full to none, and where offered full to selective and selective to none. Full to
+    selective frees most of the recomputation for few bytes (a SwiGLU MLP: its matmuls' outputs
+    of the activations), so it is often worth more per byte than switching a unit off."""
+    c, out = ev.c, []
+    for i in range(ev.p.n):
+        if not (ch.ckpt and ch.ckpt[i]):
+            continue
+        out.append((c.rec[i] / max(c.act[i] - c.inp[i], 1), i, 1, 0))
+        sac = c.sac[i]
+        if sac is not None and ev.p.can_select(i):
+            out.append(((c.rec[i] - sac.rec) / max(sac.inp - c.inp[i], 1), i, 1, 2))
+            out.append((sac.rec / max(c.act[i] - sac.inp, 1), i, 2, 0))
+    return sorted(out, key=lambda m: (-m[0], m[1], m[2], m[3]))
 
 
 def _climb(ev: Evaluator, ch: Choice, *, budget: int, ahead: int) -> Choice:

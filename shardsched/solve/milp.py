@@ -816,9 +816,8 @@ def _least_recompute(p: Problem, c: Costs, budget: float) -> float:
     excess = states + sum(c.act) + c.input_bytes - (budget + 4096)  # 4 KiB: the rows match the simulator to 64 B
     if excess <= 0:
         return 0.0
-    # selective saves fewer bytes at its own rate; the cheaper rate over the whole range bounds both
-    saves = sorted((min(c.rec[i] / (c.act[i] - c.inp[i]), _sac_rate(c, i)), c.act[i] - c.inp[i]) for i in range(p.n)
-                   if p.can_checkpoint(i) and c.act[i] > c.inp[i])
+    saves = sorted(item for i in range(p.n) if p.can_checkpoint(i) and c.act[i] > c.inp[i]
+                   for item in _recompute_items(c, i))
     seconds = 0.0
     for per_byte, size in saves:
         take = min(size, excess)
@@ -853,7 +852,17 @@ def _sac(c: Costs, i: int, field: str, plain: float) -> float:
     return getattr(c.sac[i], field) if c.sac[i] is not None else plain
 
 
-def _sac_rate(c: Costs, i: int) -> float:
-    """Seconds per byte of activations selective checkpointing drops (inf: none)."""
+def _recompute_items(c: Costs, i: int) -> list[tuple[float, int]]:
+    """(seconds per byte, bytes) of the activations unit i can drop, for `_least_recompute`:
+    the lower convex envelope of its recompute seconds against the bytes it drops, through
+    none (0, 0), selective (act - its kept bytes, its seconds) and full (act - inputs, forward).
+    Every choice costs at least the envelope, and a fractional knapsack takes a unit's cheaper
+    segment first, so the bound stays a bound with three modes."""
+    drop = c.act[i] - c.inp[i]
     sac = c.sac[i]
-    return sac.rec / (c.act[i] - sac.inp) if sac is not None and c.act[i] > sac.inp else math.inf
+    if sac is not None and 0 < c.act[i] - sac.inp < drop:
+        part = c.act[i] - sac.inp
+        first, second = sac.rec / part, (c.rec[i] - sac.rec) / (drop - part)
+        if first <= second:  # selective lies below the line from none to full
+            return [(first, part), (second, drop - part)]
+    return [(c.rec[i] / drop, drop)]
