@@ -167,7 +167,7 @@ class _Stats:
         self.sac_saved: dict[str, int] = defaultdict(int)  # `LayerProfile.selective_saved_bytes`
         self.sac_flops = defaultdict(lambda: defaultdict(float))  # forward FLOPs it recomputes
         self.sac_moved: dict[str, int] = defaultdict(int)  # forward bytes moved by ops it recomputes
-        self.sac_seen: set = set()  # storages counted in `sac_saved`
+        self.sac_seen: dict = {}  # storages counted in `sac_saved` -> the keys that counted them
         self.sac_alive: list = []  # those storages, alive through forward (no StorageImpl reuse)
 
 
@@ -287,8 +287,8 @@ class _Counter(fc.FlopCounterMode):
     def _sac_saved(self, keys, outs: list[torch.Tensor]) -> None:
         """The outputs selective checkpointing stores (all of a saved op's), each storage once."""
         st = self.tracer.stats
-        fresh = [t for t in outs if _storage_key(t) not in st.sac_seen]
-        st.sac_seen.update(_storage_key(t) for t in fresh)
+        fresh = list({_storage_key(t): t for t in outs if _storage_key(t) not in st.sac_seen}.values())
+        st.sac_seen.update((_storage_key(t), keys) for t in fresh)
         st.sac_alive += fresh
         for k in keys:
             st.sac_saved[k] += _nbytes(fresh)
@@ -365,6 +365,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
             for key in keys:
                 tracer.stats.acts[key] += nbytes
             st = tracer.stats
+            _shared_output(st, k, keys, nbytes)
             st.largest_saved[keys[0]] = max(st.largest_saved[keys[0]], nbytes)
             if tracer.outside():
                 st.outside[keys[0]] += nbytes
@@ -411,6 +412,17 @@ class _KeepSaved(TorchDispatchMode):
         if sac.saves(func):
             self.kept.append(out)
         return out
+
+
+def _shared_output(st: _Stats, k: int, keys: tuple, nbytes: int) -> None:
+    """A storage selective checkpointing keeps for one key (its output: the stem's Linear) that
+    code of another key saves for backward first (the next block's norm): that key's saved
+    tensors or kept inputs count it in any plan, so the producer's selective layer does not
+    count it again (`LayerProfile.selective_saved_bytes`)."""
+    owner = st.sac_seen.get(k)
+    for key in owner or ():
+        if key not in keys:
+            st.sac_saved[key] -= nbytes
 
 
 def _forward_without_saving(model: nn.Module, state: dict, inputs: tuple, names: list[str], children: list[str],
