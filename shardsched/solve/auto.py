@@ -62,7 +62,8 @@ def search_space(problems: list[Problem], effort: Effort, pins: dict) -> dict:
     largest = max(p.n for p in problems)
     return {"groupings": len(problems), "units": sorted({p.n for p in problems}),
             "strategies": sorted({k.label for p in problems for a in p.allowed for k in a}),
-            "checkpointing": "per unit, never the root",
+            "checkpointing": ("none, selective or full per unit, never the root"
+                              if any(p.selective for p in problems) else "none or full per unit, never the root"),
             "launch_window": "every step" if largest <= FULL_WINDOW_UNITS else
             f"every step up to {FULL_WINDOW_UNITS} units; {ahead_for(largest)} steps at {largest} units",
             "pinned_layers": len(pins),
