@@ -171,10 +171,12 @@ def least_memory(p: Problem) -> Choice:
 
 
 def _with(ch: Choice, i: int, strategy) -> Choice:
-    """Unit i switched to `strategy` (None: checkpointing switched off instead)."""
+    """Unit i switched to `strategy` (None: checkpointing switched off instead; SELECTIVE:
+    checkpointed selectively instead)."""
     n = len(ch.strategies)
-    if strategy is None:
-        ckpt = ch.ckpt[:i] + (False,) + ch.ckpt[i + 1:]
+    if strategy is None or strategy is Checkpoint.SELECTIVE:  # checkpointing off, or selective
+        ck = ch.ckpt or (False,) * n
+        ckpt = ck[:i] + (strategy or False,) + ck[i + 1:]
         return ch._replace(ckpt=ckpt if any(ckpt) else ())
     strat = ch.strategies[:i] + (strategy,) + ch.strategies[i + 1:]
     bwd = ch.bwd[:i] + ((2 * n - 1 - i) if strategy.gathers_for_backward else None,) + ch.bwd[i + 1:]
@@ -183,7 +185,8 @@ def _with(ch: Choice, i: int, strategy) -> Choice:
 
 def _moves(ev: Evaluator, ch: Choice) -> list[tuple[float, int, object, object]]:
     """(seconds saved per byte, unit, from, to), best first (DeepCompile's ranking);
-    `to` None: stop checkpointing the unit (saves its recomputation)."""
+    `to` None: stop checkpointing the unit (saves its recomputation); SELECTIVE: checkpoint it
+    selectively instead of fully (saves most of it)."""
     c = ev.c
     out = []
     for i, allowed in enumerate(ev.p.allowed):
@@ -196,6 +199,8 @@ def _moves(ev: Evaluator, ch: Choice) -> list[tuple[float, int, object, object]]
                     out.append((saved / max(cost_of[b] - cost_of[a], 1), i, a, b))
         if ch.ckpt and ch.ckpt[i]:
             out.append((c.rec[i] / max(c.act[i] - c.inp[i], 1), i, None, None))
+        if _mode(ch, i) == 1 and ev.p.can_select(i):  # full to selective: most recompute per byte
+            out.append(((c.rec[i] - c.sac[i].rec) / max(c.sac[i].inp - c.inp[i], 1), i, None, Checkpoint.SELECTIVE))
     return sorted(out, key=lambda m: -m[0])
 
 
