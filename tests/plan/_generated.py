@@ -10,6 +10,8 @@ one worker's inputs from it, deterministically. The families cover how users wri
   children), the loss in the root;
 - "mixer": an MLP-Mixer (token- and channel-mixing MLPs with LayerNorm and residual adds).
 Any of them may sit one attribute deep in a wrapper module (`self.m = Model(...)`).
+Plans: uniform or mixed strategies, each word checkpointed or not (`+ckpt`, or selectively
+`+sac`, issue 18), fused or not; auto at budgets from the least-memory plan's peak up.
 
 `measure(spec, plan_spec)` traces the model's profile as `train` does for `python:` models,
 makes the plan, runs two steps of it under FSDP2 on a fake process group (one process
