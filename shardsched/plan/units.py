@@ -203,7 +203,8 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
         cost = unit_cost([_as_selective(layer) for layer in layers])
         # the last layer's input when its module gathers again: its input, not its saved outputs
         last_extra = cost.layer_bytes[-1].kept - kept_when_checkpointed(layers[-1]) if len(layers) > 1 else 0
-        return dataclasses.replace(cost, recompute_seconds=recompute,
+        return dataclasses.replace(cost, recompute_seconds=recompute, outside_input_bytes=(
+            layers[-1].selective_outside_input_bytes if cost.outside_workspace_bytes else 0),
                                    checkpointed_lead_bytes=cost.checkpointed_lead_bytes - last_extra)
     names = tuple(layer.name for layer in layers)
     last_input = layers[-1].input_bytes if len(layers) > 1 else 0

@@ -168,6 +168,8 @@ class _Stats:
         self.sac_flops = defaultdict(lambda: defaultdict(float))  # forward FLOPs it recomputes
         self.sac_moved: dict[str, int] = defaultdict(int)  # forward bytes moved by ops it recomputes
         self.sac_seen: dict = {}  # storages counted in `sac_saved` -> the keys that counted them
+        self.sac_outside: dict[str, int] = defaultdict(int)  # `LayerProfile.selective_outside_input_bytes`
+        self.sac_read_outside: set = set()  # storages counted there
         self.sac_alive: list = []  # those storages, alive through forward (no StorageImpl reuse)
 
 
@@ -265,6 +267,8 @@ class _Counter(fc.FlopCounterMode):
         keys, phase = self.tracer.key()
         st = self.tracer.stats
         selective = phase == "fwd" and not self.tracer.outside()  # code a selective layer runs
+        if phase == "fwd" and not selective:
+            self._sac_read_outside(L.tensors_in((args, kwargs)))
         if selective and sac.saves(func_packet):
             self._sac_saved(keys, L.tensors_in(out))
         recomputed = selective and not sac.saves(func_packet)
@@ -283,6 +287,18 @@ class _Counter(fc.FlopCounterMode):
                     if recomputed:
                         st.sac_moved[k] += _nbytes(ins) + _nbytes(outs)
         return out
+
+    def _sac_read_outside(self, ins: list[torch.Tensor]) -> None:
+        """Saved outputs that code outside every layer reads (`selective_outside_input_bytes`)."""
+        st = self.tracer.stats
+        if not st.sac_alive:  # forward is over: their storages are freed, their keys reused
+            return
+        for t in ins:
+            k = _storage_key(t)
+            if k in st.sac_seen and k not in st.sac_read_outside:
+                st.sac_read_outside.add(k)
+                for key in st.sac_seen[k]:
+                    st.sac_outside[key] += t.untyped_storage().nbytes()
 
     def _sac_saved(self, keys, outs: list[torch.Tensor]) -> None:
         """The outputs selective checkpointing stores (all of a saved op's), each storage once."""
@@ -519,7 +535,7 @@ def _expand(tracer: _Tracer, full: list[str], kids: list[str], stacks) -> None:
     st = tracer.stats
     targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
     plain = (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
-             st.forward_nosave, st.entry, st.sac_saved, st.sac_moved, st.forward_sac)
+             st.forward_nosave, st.entry, st.sac_saved, st.sac_moved, st.forward_sac, st.sac_outside)
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
                   {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
                   [d.get(src, 0) for d in plain], dict(st.sac_flops.get(src, {}))) for _, src in targets}
@@ -565,7 +581,7 @@ def _fold(stats: _Stats, ran: list[str], final: list[str]) -> None:
             stats.moved[ph][target] += stats.moved[ph].pop(k, 0)
         # Its module is not the target's, so checkpointing the target does not recompute it
         # (nor does selective checkpointing store its outputs).
-        for d in (stats.sac_saved, stats.sac_moved, stats.sac_flops):
+        for d in (stats.sac_saved, stats.sac_moved, stats.sac_flops, stats.sac_outside):
             d.pop(k, None)
         stats.outside[target] += stats.acts.get(k, 0)
         stats.acts[target] += stats.acts.pop(k, 0)
@@ -605,6 +621,7 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         checkpointed_forward_bytes=st.forward_nosave.get(name, 0) if name != L.ROOT else 0,
         selective_saved_bytes=st.sac_saved.get(name, 0),
         selective_forward_bytes=st.forward_sac.get(name, 0) if name != L.ROOT else 0,
+        selective_outside_input_bytes=st.sac_outside.get(name, 0),
         selective_recompute_seconds=device.compute_seconds(dict(st.sac_flops.get(name, {})))
         + st.sac_moved.get(name, 0) / bw,
         input_bytes=st.inputs.get(name, 0), entry_bytes=st.entry.get(name, 0), outside_bytes=st.outside.get(name, 0), calls=max(1, st.calls.get(name, 1)),

@@ -63,6 +63,10 @@ class LayerProfile:
     matmuls, attention, convolutions) in its forward, each storage once: what a selective
     layer keeps next to its inputs (SAC's caching mode stores them whether or not autograd
     would save them). None = unknown (the planner then assumes it keeps all its activations)."""
+    selective_outside_input_bytes: int = 0
+    """Of `selective_saved_bytes`, what code outside the layer then reads (a `+sac` head's
+    logits, the loss's input): at that code's forward they are its input, which the planner's
+    loss transient already counts ([Note: selective checkpointing as kept bytes])."""
     selective_forward_bytes: int = 0
     """Peak of its forward above its start as a selective layer runs (saving nothing for
     autograd, keeping the policy's outputs: measured, [Note: forward windows]); 0 = unknown

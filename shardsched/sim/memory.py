@@ -270,7 +270,7 @@ def _forward(live: _Live, i: int) -> list[MemoryBreakdown]:
     outside = sc.units[i].outside_workspace_bytes
     if outside:  # [Note: the loss before the unit's backward], in forward: after the unit reshards
         held = live.unsharded_live(s) if live.ddp else live.unsharded_live(s, exclude=i) + live.held[i]
-        moments.append(_mb(live, unsharded=held, act=live.activations(i) + outside // 2,
+        moments.append(_mb(live, unsharded=held, act=live.activations(i) + sc.units[i].loss_forward_bytes(),
                            comm=live.held_ag[i] + live.pending_gathers(s, include_launched_here=True)))
     if len(sc.units[i].layers) > 1:
         # Its last module starts with the others' activations and its input live. Units

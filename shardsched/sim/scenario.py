@@ -72,6 +72,10 @@ class UnitCost:
     frees them before the unit's own backward starts."""
     layer_dims: tuple[tuple[tuple[int, int], ...], ...] = ()
     """`dims` per layer (for the per-module ReduceScatter inputs of a fused unit); () = unknown."""
+    outside_input_bytes: int = 0
+    """Selective form only: its last layer's saved outputs that the code outside it reads
+    (`LayerProfile.selective_outside_input_bytes`): at that code's forward they are the input
+    `outside_workspace_bytes // 2` stands for, so they are not counted twice (`loss_forward_bytes`)."""
     recompute_seconds: float | None = None
     """Seconds its backward spends recomputing when checkpointed; None: its whole forward
     (full checkpointing). A selective unit's cost (`plan.units.unit_cost`) sets it to the
@@ -87,6 +91,12 @@ class UnitCost:
             return self.padded_numel(n)
         sizes = [int(n * shard) for shard in self._layer_shards(n)]
         return sizes[0] if last else max(sizes)
+
+    def loss_forward_bytes(self) -> int:
+        """The transient of the outside code's forward after it ([Note: the loss before the
+        unit's backward] in sim/memory.py): half that code's backward workspace, less what a
+        selective last layer already keeps of its input."""
+        return max(0, self.outside_workspace_bytes // 2 - self.outside_input_bytes)
 
     def recompute(self) -> float:
         """Seconds its backward recomputes when checkpointed (`recompute_seconds`)."""

@@ -90,7 +90,9 @@ class Evaluator:
             out.append(pers + U[i] + max(unsh[i] + ag[i] + prev + self.act[i] + unit.entry_bytes + exc[i],
                                          u + extra + self.act[i] + inc[i],
                                          u + self.act[i] + _own(c, i, x, *c.fwd_own[i], "fwd_own") + inc[i],
-                                         held[i] + hag[i] + self.act[i + 1] + outside // 2 + inc[i] if outside else 0))
+                                         held[i] + hag[i] + self.act[i + 1] + inc[i]
+                                         + _own(c, i, x, unit.loss_forward_bytes(), unit.loss_forward_bytes(), "loss")
+                                         if outside else 0))
         rs = [(c.rs_by[i][s], c.rs_kept_by[i][s]) for i, s in enumerate(ch.strategies)]
         for s in range(n, 2 * n):
             out.append(self._backward(ch, s, pers, U, G, inc, exc, unsh, rs, held))

@@ -213,6 +213,8 @@ class Selective(NamedTuple):
     fwd_own: int
     lead: int
     last_end: int | None
+    loss: int
+    """The outside code's forward transient after it (`UnitCost.loss_forward_bytes`)."""
     inner: list | None
     """Own bytes of each of `Costs.inner`'s rows (same keys), None where it has no such moment."""
     rec: float
@@ -285,6 +287,7 @@ def _selective(p: Problem, sb, cl, inner: list) -> list:
         out.append(Selective(inp=c.input_bytes, start=sc.backward_start(i), fwd_own=sc.forward_bytes(i),
                              lead=c.checkpointed_lead_bytes,
                              last_end=c.last_end(sb.unsharded_grad, checkpointed=True) if sc.fused(i) else None,
+                             loss=c.loss_forward_bytes(),
                              inner=[moments[k].own if k in moments else None for k in keys] if fused else None,
                              rec=c.recompute()))
     return out
@@ -572,8 +575,10 @@ class _Build:
             outside = unit.outside_workspace_bytes
             if outside:  # the loss's forward after the unit reshards (`sim.memory` [Note: the loss ...])
                 after = _add(self.zexpr(i, {k: c.held[i][k] * g for k in self.z[i]}), {held_ag[i]: 1.0})
-                self._mem(i, _add(_add(_add(base, {self.U[i]: 1.0}), after), _add(a1, self._pending(i, inclusive=True))),
-                          k1 + (outside // 2 + c.input_bytes) * g, cap)
+                loss = unit.loss_forward_bytes()  # a selective form's is less (`_sac`)
+                self._mem(i, _add(_add(_add(_add(base, {self.U[i]: 1.0}), after), _add(a1, self._pending(i, inclusive=True))),
+                                  self._ck_term(i, 0.0, _sac(c, i, "loss", loss) - loss)),
+                          k1 + (loss + c.input_bytes) * g, cap)
             fplain, fck = c.fwd_own[i]  # its own forward peak (`Scenario.forward_bytes`)
             self._mem(i, _add(_add(_add(live, a0), self._pending(i, inclusive=True)),
                               self._ck_term(i, fck - fplain, _sac(c, i, "fwd_own", fplain) - fplain)),

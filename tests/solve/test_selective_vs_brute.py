@@ -38,6 +38,11 @@ def synth_sac(k: int, seed: int) -> Profile:
             workspace_bytes=r.randint(1, 20) * 10**6, checkpointed_forward_bytes=r.randint(1, 10) * 10**6,
             selective_saved_bytes=int((act - inp) * r.uniform(0.1, 0.4)),
             selective_forward_bytes=r.randint(5, 20) * 10**6, selective_recompute_seconds=fwd * r.uniform(0.02, 0.1)))
+    # a loss after the last layer that reads its saved output (a `+sac` head's logits)
+    logits = r.randint(2, 8) * 10**6
+    layers[-1] = dataclasses.replace(layers[-1], outside_bytes=logits, outside_workspace_bytes=2 * logits,
+                                     activation_bytes=layers[-1].activation_bytes + logits,
+                                     selective_outside_input_bytes=logits // 2)
     return Profile(model="synth", layers=tuple(layers), fingerprint="synth", input_bytes=4096)
 
 
