@@ -1,6 +1,6 @@
 """Auto plan vs every baseline over a sweep of memory budgets.
 
-    python bench/bench_auto.py [--budgets 12] [--time-limit 10] [--only single|multi|batch]
+    python bench/bench_auto.py [--budgets 12] [--time-limit 10] [--only single|multi|batch|sac]
 
 For each model config, budgets run from the least-memory plan's peak ("only
 full_shard fits") to above the replicate baseline's peak ("replicate fits").
@@ -11,10 +11,19 @@ The batch sweep (issue 18, part 2): for a fixed global batch, the micro-batch, a
 steps and grad-sync mode `plan --global-batch` chooses (`solve.batch`) against micro-batch 1
 (its best mode), both planned by auto under the same budget: step seconds per global batch
 and their ratio (micro-batch 1 / chosen; > 1: the lever pays).
+
+The selective-checkpointing sweep (issue 18, part 1): a Llama-3-8B-class decoder at sequence
+8192, at budgets from the least-memory plan's peak to the peak without checkpointing: auto
+allowed only whole-layer checkpointing (the profile's selective fields removed, so no
+`Problem.selective`) against auto allowed selective checkpointing too, step seconds side by
+side and their ratio (whole-layer / selective; > 1: the lever pays). Analytic profiles price a
+block's forward by its matmul and attention FLOPs only, so its selective recomputation (the
+memory-bound rest) is priced near zero: the gain printed is an upper bound of what a GPU sees.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 from shardsched.cost.device import DEVICES, Cluster
@@ -23,7 +32,8 @@ from shardsched.solve.baselines import uniform_baselines
 from shardsched.solve.candidates import candidate_problems
 from shardsched.solve.greedy import Evaluator, least_memory
 from shardsched.plan.spec import parse_strategy_spec
-from shardsched.core.types import Optimizer, Precision
+from shardsched.core.types import Checkpoint, Optimizer, Precision
+from shardsched.models.gpt_config import GPTConfig
 from shardsched.profile.analytic import analytic_profile
 from shardsched.models.spec import PRESETS
 
@@ -144,13 +154,53 @@ def batch_sweep(*, time_limit: float) -> None:
           f"(>= 1 everywhere: {all(r >= 1 - 1e-9 for r in ratios)})")
 
 
+SAC = {  # name: (config, world, gpus per node, device, micro batch, seq)
+    "llama3-8b-class/w8/h100/seq8192": (GPTConfig(vocab=128256, layers=32, hidden=4096, heads=32, ffn=14336,
+                                                  seq=8192, mlp="swiglu", norm="rmsnorm", bias=False,
+                                                  learned_pos=False), 8, 8, "h100", 1, 8192),
+}
+
+
+def _whole_layer_only(prof):
+    """The profile without what selective checkpointing keeps: auto then offers none or full only."""
+    def strip(layer):
+        return dataclasses.replace(layer, selective_saved_bytes=None, children=tuple(map(strip, layer.children)))
+    return dataclasses.replace(prof, layers=tuple(map(strip, prof.layers)))
+
+
+def sac_sweep(*, count: int, time_limit: float) -> None:
+    from shardsched.tradeoff.sweep import mix_label
+    for key, (cfg, world, gpn, dev, mb, seq) in SAC.items():
+        prof = analytic_profile(cfg, micro_batch=mb, seq=seq, device=DEVICES[dev])
+        cl = Cluster(world=world, gpus_per_node=gpn, device=DEVICES[dev])
+        kw = dict(pins={}, precision=Precision.BF16_MIXED, optimizer=Optimizer.ADAM)
+        lo = min(Evaluator(p).peak(least_memory(p._replace(checkpointable=True)))
+                 for p in candidate_problems(prof, cl, **kw))
+        hi = min(s.peak for s in uniform_baselines(prof, cl, **kw) if not s.name.endswith("+ckpt"))
+        print(f"\n{key}: auto with whole-layer checkpointing only vs auto allowed selective (step seconds)")
+        print(f"{'budget GiB':>10} {'whole-layer':>12} {'selective':>10} {'gain':>7}  selective plan's mix")
+        gains = []
+        for k in range(count):
+            b = int(lo * (hi / lo) ** (k / max(1, count - 1)))
+            t_full, _, _ = row(_whole_layer_only(prof), cl, b, time_limit=time_limit)
+            t_sac, _, plan = row(prof, cl, b, time_limit=time_limit)
+            sac = sum(u.checkpoint is Checkpoint.SELECTIVE for u in plan.units)
+            gains.append(t_full / t_sac)
+            print(f"{b / GiB:10.2f} {t_full:12.4f} {t_sac:10.4f} {t_full / t_sac:7.3f}  {mix_label(plan)}, {sac} selective")
+        print(f"gain of selective over whole-layer checkpointing: max {max(gains):.3f}x, "
+              f"never slower: {all(g >= 1 - 1e-9 for g in gains)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--budgets", type=int, default=12)
     ap.add_argument("--time-limit", type=float, default=10.0)
-    ap.add_argument("--only", choices=["single", "multi", "batch"], default=None,
-                    help="only the original sweep, only the multi-node one, or only the global-batch one")
+    ap.add_argument("--only", choices=["single", "multi", "batch", "sac"], default=None,
+                    help="only the original sweep, only the multi-node one, only the global-batch one, "
+                         "or only the selective-checkpointing one")
     args = ap.parse_args()
+    if args.only == "sac":
+        return sac_sweep(count=min(args.budgets, 6), time_limit=args.time_limit)
     if args.only == "batch":
         return batch_sweep(time_limit=args.time_limit)
     if args.only != "single":
@@ -177,6 +227,7 @@ def main() -> None:
                   f"{solver:>22} {time.perf_counter() - t0:7.2f}")
     if args.only is None:
         batch_sweep(time_limit=args.time_limit)
+        sac_sweep(count=min(args.budgets, 6), time_limit=args.time_limit)
 
 
 if __name__ == "__main__":

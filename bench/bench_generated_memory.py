@@ -43,6 +43,13 @@ def collect(n: int, first: int) -> list[dict]:
     return cases
 
 
+def _checkpointing(ps) -> str:
+    """"sac" when a word of the plan is `+sac` (selective), "ckpt" for `+ckpt` only, else
+    "none" (auto plans: "auto", whose checkpointing the planner chooses)."""
+    words = f"{ps.strategy},{ps.other}"
+    return "auto" if ps.strategy == "auto" else "sac" if "+sac" in words else "ckpt" if "+ckpt" in words else "none"
+
+
 def summarise(cases: list[dict]) -> None:
     ok = [c for c in cases if "error" in c]
     print(f"\n{len(cases)} cases, {len(cases) - len(ok)} failed to run")
@@ -51,6 +58,7 @@ def summarise(cases: list[dict]) -> None:
         word = "mixed" if c["plan"].other else c["plan"].strategy
         groups.setdefault(f"strategy {word}", []).append(c["error"])
         groups.setdefault(f"family {c['spec'].family}", []).append(c["error"])
+        groups.setdefault(f"checkpointing {_checkpointing(c['plan'])}", []).append(c["error"])
     groups["all"] = [c["error"] for c in ok]
     print(f"{'group':28s} {'n':>4s} {'median':>8s} {'min':>8s} {'max':>8s} {'within 3%':>9s}")
     for k, v in sorted(groups.items()):

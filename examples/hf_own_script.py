@@ -54,7 +54,7 @@ def main(plan_path: str) -> None:
         dist.all_reduce(mean := loss.detach().clone())
         losses.append(mean.item() / world)
     if rank == 0:
-        kinds = ", ".join(u.strategy.value + ("+ckpt" if u.checkpoint else "") for u in plan.units)
+        kinds = ", ".join(u.strategy.value + u.checkpoint.suffix for u in plan.units)
         print(f"{len(plan.units)} units ({kinds}); loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     # Leave together, and free the sharded model while the group still exists: gloo objects
     # left to interpreter shutdown can abort the process ("terminate called without an

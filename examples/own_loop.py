@@ -47,7 +47,7 @@ def worker(ctx, out=None):
         dist.all_reduce(mean := loss.detach().clone())
         losses.append(mean.item() / ctx.world)
     if ctx.rank == 0:
-        print(f"{len(plan[0].units)} units ({', '.join(u.strategy.value + ('+ckpt' if u.checkpoint else '') for u in plan[0].units)}); "
+        print(f"{len(plan[0].units)} units ({', '.join(u.strategy.value + u.checkpoint.suffix for u in plan[0].units)}); "
               f"loss {losses[0]:.3f} -> {losses[-1]:.3f}")
         if out:
             torch.save(losses, out)

@@ -14,8 +14,9 @@ def test_guide_library_example_runs():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     units = dict(line.split() for line in r.stdout.splitlines() if line.startswith("layers."))
-    assert units == {**{f"layers.{i}": "full_shard" for i in range(2, 7)},
-                     **{f"layers.{i}": "shard_grad_op" for i in (0, 1, 7)}}
+    # five full_shard and three shard_grad_op, none checkpointed; which three is a tie (equal
+    # step time and peak) the search may break either way
+    assert sorted(units.values()) == ["full_shard"] * 5 + ["shard_grad_op"] * 3, units
     peak = float(re.search(r"predicted peak ([\d.]+) MiB", r.stdout).group(1))
     assert 2.3 < peak <= 2.5  # under the budget, and the budget binds (else all shard_grad_op)
 

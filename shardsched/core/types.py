@@ -65,6 +65,37 @@ class GradSync(str, enum.Enum):
     as torchtitan does): unsharded gradients accumulate, one reduction per step."""
 
 
+class Checkpoint(enum.Enum):
+    """Activation checkpointing of a unit's layers, each layer on its own.
+
+    [Note: checkpoint modes in plan JSON]
+    The values are what plan JSON holds: `false` and `true` as plans wrote before
+    selective checkpointing existed (so old plans read unchanged), and the string
+    "selective", which a reader that only knows booleans rejects rather than reading it
+    as on or off. "none" and "full" are read too. Truthiness is "recomputes in
+    backward" (selective or full), which is what `if unit.checkpoint` meant before."""
+
+    NONE = False
+    """Forward saves what autograd saves; nothing is recomputed."""
+    SELECTIVE = "selective"
+    """Op-level (PyTorch's `create_selective_checkpoint_contexts`): the outputs of matmuls,
+    convolutions and attention are saved, the rest recomputed (`runtime.sac`)."""
+    FULL = True
+    """Whole-layer: forward keeps only the layers' inputs, backward recomputes the forward."""
+
+    @classmethod
+    def _missing_(cls, value):
+        return {"none": cls.NONE, "full": cls.FULL}.get(value) if isinstance(value, str) else None
+
+    def __bool__(self) -> bool:
+        return self is not Checkpoint.NONE
+
+    @property
+    def suffix(self) -> str:
+        """How strategy words and reports write it: "", "+sac" or "+ckpt"."""
+        return {Checkpoint.NONE: "", Checkpoint.SELECTIVE: "+sac", Checkpoint.FULL: "+ckpt"}[self]
+
+
 class Precision(str, enum.Enum):
     FP32 = "fp32"
     """Everything in fp32: 4-byte params, grads and compute copies."""
@@ -95,9 +126,13 @@ class Unit:
     """Units whose AllGather is launched at the start of this unit's forward."""
     backward_prefetch: tuple[str, ...] = ()
     """Units whose AllGather is launched at the start of this unit's backward."""
-    checkpoint: bool = False
-    """Activation checkpointing of each of its layers: forward keeps only the layers'
-    inputs, backward recomputes the forward first (absent in older plans: off)."""
+    checkpoint: Checkpoint = Checkpoint.NONE
+    """Activation checkpointing of each of its layers (`Checkpoint`): full keeps only the
+    layers' inputs and recomputes their forward in backward, selective also keeps the
+    outputs of matmuls and attention and recomputes the rest (absent in older plans: none)."""
+
+    def __post_init__(self):  # a bool (older code, tests) reads as NONE / FULL
+        object.__setattr__(self, "checkpoint", Checkpoint(self.checkpoint))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -50,7 +50,7 @@ def _unit_rows(plan: Plan, profile: Profile, cluster: Cluster) -> list[dict]:
             ag_s += "+" + fmt_seconds(ag_bw)
         red = f"{fmt_bytes(red_b)} {fmt_seconds(red_s)}"
         offsets = (tuple(index[n] - i for n in u.forward_prefetch), tuple(index[n] - i for n in u.backward_prefetch))
-        label = u.strategy.label + ("+ckpt" if u.checkpoint else "")
+        label = u.strategy.label + u.checkpoint.suffix
         rows.append({
             "unit": u.name, "layers": str(len(u.layers)), "params": fmt_count(u.params), "strategy": label,
             "at rest": fmt_bytes(sb.at_rest * c.shard_numel(shards)), "unsharded": fmt_bytes(ag_b),

@@ -36,7 +36,7 @@ def unit_costs(plan: Plan, profile: Profile) -> list[UnitCost]:
     missing = [n for u in plan.units for n in u.layers if n not in by_name]
     if missing:
         raise ValueError(f"plan names layers the profile lacks: {missing[:3]}")
-    return [unit_cost([by_name[n] for n in u.layers]) for u in plan.units]
+    return [unit_cost([by_name[n] for n in u.layers], u.checkpoint) for u in plan.units]
 
 
 def scenario_for(plan: Plan, profile: Profile, cluster: Cluster) -> Scenario:
@@ -119,5 +119,5 @@ def units_with_schedule(sc: Scenario) -> tuple[Unit, ...]:
             bwd_lists[2 * n - 1 - bl].append(sc.units[i].name)
     return tuple(Unit(name=c.name, layers=c.layers, strategy=s, params=c.params,
                       forward_prefetch=tuple(fwd_lists[i]), backward_prefetch=tuple(bwd_lists[i]),
-                      checkpoint=sc.ckpt(i))
+                      checkpoint=sc.mode(i))
                  for i, (c, s) in enumerate(zip(sc.units, sc.strategies)))

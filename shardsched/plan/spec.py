@@ -5,11 +5,13 @@
     full_shard,blocks.0-3=replicate,head=shard_grad_op
     shard_grad_op,blocks.*=full_shard
     hybrid_shard+ckpt,head=full_shard/node
+    full_shard+sac,blocks.0-3=full_shard+ckpt
 
 A key is a layer path, a range `prefix.A-B` (prefix.A .. prefix.B), or an
-fnmatch pattern. Later overrides win. A strategy word may end in `+ckpt`:
-those layers are activation-checkpointed. Under `auto` the planner chooses
-checkpointing itself (a `+ckpt` override pins the strategy only).
+fnmatch pattern. Later overrides win. A strategy word may end in `+ckpt`
+(those layers are activation-checkpointed whole) or `+sac` (selective, op-level
+checkpointing: `core.types.Checkpoint`). Under `auto` the planner chooses
+checkpointing itself (a `+ckpt`/`+sac` override pins the strategy only).
 """
 from __future__ import annotations
 
@@ -18,12 +20,14 @@ import re
 from dataclasses import dataclass, field
 
 from shardsched.errors import UsageError
-from shardsched.core.types import Strategy
+from shardsched.core.types import Checkpoint, Strategy
 
 ACCEPTED = ("accepted: auto | replicate | shard_grad_op | full_shard | full_shard/node | hybrid_shard | "
-            "hybrid_shard_grad_op, each optionally +ckpt, optionally followed by "
+            "hybrid_shard_grad_op, each optionally +ckpt or +sac, optionally followed by "
             "',LAYERS=STRATEGY' overrides where LAYERS is a layer path, prefix.A-B or a glob")
 CKPT = "+ckpt"
+SUFFIXES = {c.suffix: c for c in Checkpoint if c.suffix}
+"""`+ckpt` and `+sac`: the checkpointing a strategy word may end in."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,8 +35,8 @@ class StrategySpec:
     default: Strategy | None
     """None means "auto": the planner chooses."""
     overrides: tuple[tuple[str, Strategy], ...] = field(default_factory=tuple)
-    checkpoint: tuple[tuple[str, bool], ...] = field(default_factory=tuple)
-    """(layer key, checkpointed) in order, "*" first for the default word; later wins."""
+    checkpoint: tuple[tuple[str, Checkpoint], ...] = field(default_factory=tuple)
+    """(layer key, checkpointing) in order, "*" first for the default word; later wins."""
 
     @property
     def auto(self) -> bool:
@@ -49,18 +53,27 @@ class StrategySpec:
                 out[name] = strat
         return out
 
-    def checkpointed(self, layers: list[str]) -> dict[str, bool]:
-        """Whether each layer is activation-checkpointed (keys already checked by `for_layers`)."""
-        out = {name: False for name in layers}
-        for key, on in self.checkpoint:
+    def checkpointed(self, layers: list[str]) -> dict[str, Checkpoint]:
+        """Each layer's activation checkpointing (keys already checked by `for_layers`)."""
+        out = {name: Checkpoint.NONE for name in layers}
+        for key, mode in self.checkpoint:
             for name in _match(key, layers):
-                out[name] = on
+                out[name] = mode
         return out
+
+
+def _split(word: str) -> tuple[str, Checkpoint]:
+    """A strategy word and the checkpointing its suffix names (`+ckpt`, `+sac`)."""
+    word = word.strip()
+    for suffix, mode in SUFFIXES.items():
+        if word.endswith(suffix):
+            return word.removesuffix(suffix), mode
+    return word, Checkpoint.NONE
 
 
 def _strategy(word: str) -> Strategy:
     try:
-        return Strategy.parse(word.strip().removesuffix(CKPT))
+        return Strategy.parse(_split(word)[0])
     except ValueError:
         raise UsageError(f"unknown strategy {word.strip()!r}; {ACCEPTED}") from None
 
@@ -72,16 +85,17 @@ def parse_strategy_spec(spec: str) -> StrategySpec:
     head, rest = parts[0], parts[1:]
     if "=" in head:  # only overrides: the planner chooses the rest
         head, rest = "auto", parts
-    if head == "auto" + CKPT:
-        raise UsageError(f"auto chooses checkpointing itself: drop {CKPT}; {ACCEPTED}")
+    base, mode = _split(head)
+    if base == "auto" and mode:
+        raise UsageError(f"auto chooses checkpointing itself: drop {mode.suffix}; {ACCEPTED}")
     default = None if head == "auto" else _strategy(head)
-    overrides, ckpt = [], [("*", True)] if head.endswith(CKPT) else []
+    overrides, ckpt = [], [("*", mode)] if mode else []
     for p in rest:
         key, sep, word = p.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"malformed strategy override {p!r}; {ACCEPTED}")
         overrides.append((key.strip(), _strategy(word)))
-        ckpt.append((key.strip(), word.strip().endswith(CKPT)))
+        ckpt.append((key.strip(), _split(word)[1]))
     return StrategySpec(default=default, overrides=tuple(overrides), checkpoint=tuple(ckpt))
 
 

@@ -18,9 +18,10 @@ checkpointed: its forward is the whole model's, which checkpointing it would rec
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
-from shardsched.core.types import Strategy
+from shardsched.core.types import Checkpoint, Strategy
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.sim.scenario import UnitCost
 
@@ -83,6 +84,36 @@ def unit_dims(layers: list[LayerProfile]) -> tuple[tuple[int, int], ...]:
 def kept_when_checkpointed(layer: LayerProfile) -> int:
     """A checkpointed layer's inputs, and what code outside it saved (not recomputed)."""
     return layer.input_bytes + layer.outside_bytes
+
+
+# [Note: selective checkpointing as kept bytes]
+# A selective layer (`Checkpoint.SELECTIVE`, runtime/sac.py) keeps what a checkpointed one
+# keeps (its inputs, what outside code saved) plus the outputs of the ops the policy saves
+# (`LayerProfile.selective_saved_bytes`). Its backward recomputes the other ops: the cached
+# outputs are handed back, not allocated again (torch/utils/checkpoint.py,
+# `_CachedTorchDispatchMode` pops them), so when it is recomputed it holds what autograd
+# saves, as a recomputed checkpointed layer does. So every moment of a selective unit is the
+# checkpointed unit's with `kept` grown by the saved outputs: `unit_cost(..., SELECTIVE)`
+# builds that cost, the scenario marks the unit checkpointed, and the simulator, the MILP
+# rows and greedy's evaluator read it unchanged. Its forward peak is measured so
+# (`LayerProfile.selective_forward_bytes`); unknown, the transient of a forward that saves
+# nothing plus all its saved outputs is the bound taken. Its recomputation costs the recomputed ops' seconds
+# (`UnitCost.recompute_seconds`), not the whole forward.
+
+def kept_when_selective(layer: LayerProfile) -> int:
+    """A selective layer's inputs, outside code's saved bytes, and the policy's saved outputs
+    (unknown: all its activations next to its inputs, an upper bound)."""
+    saved = layer.activation_bytes if layer.selective_saved_bytes is None else layer.selective_saved_bytes
+    return kept_when_checkpointed(layer) + saved
+
+
+def _as_selective(layer: LayerProfile) -> LayerProfile:
+    """The layer as its selective form reads through the checkpointed formulas: the saved
+    outputs are inputs it keeps, on top of the forward transient too."""
+    extra = kept_when_selective(layer) - kept_when_checkpointed(layer)
+    nosave = layer.checkpointed_forward_bytes or (layer.workspace_bytes or layer.activation_bytes // 2) // 2
+    return dataclasses.replace(layer, input_bytes=layer.input_bytes + extra,
+                               checkpointed_forward_bytes=layer.selective_forward_bytes or nosave + extra)
 
 
 # [Note: checkpointed units, layer by layer]
@@ -170,7 +201,20 @@ def forward_transients(layer: LayerProfile, ws: int) -> tuple[int, int]:
     return plain, layer.checkpointed_forward_bytes or fallback
 
 
-def unit_cost(layers: list[LayerProfile]) -> UnitCost:
+def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) -> UnitCost:
+    """The unit's cost; selective: its selective form ([Note: selective checkpointing as kept bytes])."""
+    if mode is Checkpoint.SELECTIVE:
+        recompute = sum(layer.forward_seconds if layer.selective_recompute_seconds is None
+                        else layer.selective_recompute_seconds for layer in layers)
+        cost = unit_cost([_as_selective(layer) for layer in layers])
+        # the last layer's input when its module gathers again: its input, not its saved outputs
+        last_extra = cost.layer_bytes[-1].kept - kept_when_checkpointed(layers[-1]) if len(layers) > 1 else 0
+        # a layer's input live as it starts is its input, not the outputs its selective form keeps
+        cost = dataclasses.replace(cost, layer_bytes=tuple(
+            b._replace(inp=layer.input_bytes // max(1, layer.calls)) for b, layer in zip(cost.layer_bytes, layers)))
+        return dataclasses.replace(cost, recompute_seconds=recompute, outside_input_bytes=(
+            layers[-1].selective_outside_input_bytes if cost.outside_workspace_bytes else 0),
+                                   checkpointed_lead_bytes=cost.checkpointed_lead_bytes - last_extra)
     names = tuple(layer.name for layer in layers)
     last_input = layers[-1].input_bytes if len(layers) > 1 else 0
     return UnitCost(name=unit_name(names), layers=names, dims=unit_dims(layers),

@@ -44,6 +44,7 @@ from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.profile.workspace import ROOT_TAIL, BackwardWorkspace
 from shardsched.profile.workspace_terms import layer_workspace, outside_workspace
+from shardsched.runtime import sac
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TAG = "shardsched_layer"
@@ -160,9 +161,18 @@ class _Stats:
         self.forward_nosave: dict[str, int] = defaultdict(int)  # the same, saving nothing
         self.exit: dict[str, int] = defaultdict(int)  # measured, [Note: exit windows]
         self.output: dict[str, int] = defaultdict(int)  # `LayerProfile.output_bytes`
+        self.forward_sac: dict[str, int] = defaultdict(int)  # the same, keeping what SAC stores
         self.outside: dict[str, int] = defaultdict(int)  # `LayerProfile.outside_bytes`
         self.outside_largest: dict[str, int] = defaultdict(int)  # its largest tensor
         self.largest_saved: dict[str, int] = defaultdict(int)  # per key: folded keys become outside
+        # selective checkpointing ([Note: the selective checkpointing policy] in runtime/sac.py)
+        self.sac_saved: dict[str, int] = defaultdict(int)  # `LayerProfile.selective_saved_bytes`
+        self.sac_flops = defaultdict(lambda: defaultdict(float))  # forward FLOPs it recomputes
+        self.sac_moved: dict[str, int] = defaultdict(int)  # forward bytes moved by ops it recomputes
+        self.sac_seen: dict = {}  # storages counted in `sac_saved` -> the keys that counted them
+        self.sac_outside: dict[str, int] = defaultdict(int)  # `LayerProfile.selective_outside_input_bytes`
+        self.sac_read_outside: set = set()  # storages counted there
+        self.sac_alive: list = []  # those storages, alive through forward (no StorageImpl reuse)
 
 
 class _Tracer:
@@ -263,17 +273,48 @@ class _Counter(fc.FlopCounterMode):
     def _count_flops(self, func_packet, out, args, kwargs):
         keys, phase = self.tracer.key()
         st = self.tracer.stats
+        selective = phase == "fwd" and not self.tracer.outside()  # code a selective layer runs
+        if phase == "fwd" and not selective:
+            self._sac_read_outside(L.tensors_in((args, kwargs)))
+        if selective and sac.saves(func_packet):
+            self._sac_saved(keys, L.tensors_in(out))
+        recomputed = selective and not sac.saves(func_packet)
         if func_packet in self.flop_registry:
             flops = self.flop_registry[func_packet](*args, **kwargs, out_val=out)
             for k in keys:
                 st.flops[phase][k][_op_class(func_packet)] += flops
+                if recomputed:
+                    st.sac_flops[k][_op_class(func_packet)] += flops
         else:
             outs, ins = L.tensors_in(out), L.tensors_in((args, kwargs))
             in_keys = {_storage_key(t) for t in ins}
             if any(_storage_key(t) not in in_keys for t in outs):  # a fresh result: not a view or in-place
                 for k in keys:
                     st.moved[phase][k] += _nbytes(ins) + _nbytes(outs)
+                    if recomputed:
+                        st.sac_moved[k] += _nbytes(ins) + _nbytes(outs)
         return out
+
+    def _sac_read_outside(self, ins: list[torch.Tensor]) -> None:
+        """Saved outputs that code outside every layer reads (`selective_outside_input_bytes`)."""
+        st = self.tracer.stats
+        if not st.sac_alive:  # forward is over: their storages are freed, their keys reused
+            return
+        for t in ins:
+            k = _storage_key(t)
+            if k in st.sac_seen and k not in st.sac_read_outside:
+                st.sac_read_outside.add(k)
+                for key in st.sac_seen[k]:
+                    st.sac_outside[key] += t.untyped_storage().nbytes()
+
+    def _sac_saved(self, keys, outs: list[torch.Tensor]) -> None:
+        """The outputs selective checkpointing stores (all of a saved op's), each storage once."""
+        st = self.tracer.stats
+        fresh = list({_storage_key(t): t for t in outs if _storage_key(t) not in st.sac_seen}.values())
+        st.sac_seen.update((_storage_key(t), keys) for t in fresh)
+        st.sac_alive += fresh
+        for k in keys:
+            st.sac_saved[k] += _nbytes(fresh)
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -348,6 +389,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
             for key in keys:
                 tracer.stats.acts[key] += nbytes
             st = tracer.stats
+            _shared_output(st, k, keys, nbytes)
             st.largest_saved[keys[0]] = max(st.largest_saved[keys[0]], nbytes)
             if tracer.outside():
                 st.outside[keys[0]] += nbytes
@@ -361,6 +403,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
                 loss = loss_of(torch.func.functional_call(model, state, fake_inputs, tie_weights=True))
             ws.close_exits()  # the loss is computed: backward is not code between modules
             kept.clear()  # the graph holds what backward needs; activations must free as it runs
+            tracer.stats.sac_alive.clear()
             loss.backward()
     except UsageError:
         raise
@@ -376,20 +419,49 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         tracer.remove()
     with _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, rules, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tracer.stats.forward_nosave.update(_forward_without_saving(
-            model, state, fake_inputs, names, list(tracer.parent), [*state.values(), *L.tensors_in(fake_inputs)]))
+        for keep, out in ((False, tracer.stats.forward_nosave), (True, tracer.stats.forward_sac)):
+            out.update(_forward_without_saving(model, state, fake_inputs, names, list(tracer.parent),
+                                               [*state.values(), *L.tensors_in(fake_inputs)], keep_saved=keep))
     return tracer
 
 
+class _KeepSaved(TorchDispatchMode):
+    """Holds the outputs of the ops selective checkpointing stores (`runtime.sac.saves`) to the
+    end of forward, as its caching mode does."""
+
+    def __init__(self):
+        super().__init__()
+        self.kept: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if sac.saves(func):
+            self.kept.append(out)
+        return out
+
+
+def _shared_output(st: _Stats, k: int, keys: tuple, nbytes: int) -> None:
+    """A storage selective checkpointing keeps for one key (its output: the stem's Linear) that
+    code of another key saves for backward first (the next block's norm): that key's saved
+    tensors or kept inputs count it in any plan, so the producer's selective layer does not
+    count it again (`LayerProfile.selective_saved_bytes`)."""
+    owner = st.sac_seen.get(k)
+    for key in owner or ():
+        if key not in keys:
+            st.sac_saved[key] -= nbytes
+
+
 def _forward_without_saving(model: nn.Module, state: dict, inputs: tuple, names: list[str], children: list[str],
-                            persistent: list) -> dict[str, int]:
+                            persistent: list, *, keep_saved: bool = False) -> dict[str, int]:
     """Each layer's forward peak when it saves nothing, as a checkpointed layer's forward runs
     (non-reentrant checkpoint drops what autograd would save): the same forward under
     `no_grad`, watched by the live-bytes mode ([Note: forward windows] in profile/workspace.py).
+    `keep_saved`: as a selective layer's forward runs, keeping what its policy stores.
     Run after the traced pass, its hooks removed, so nothing is counted twice."""
     ws = BackwardWorkspace(model, names, children, persistent=persistent)
+    keep = _KeepSaved() if keep_saved else contextlib.nullcontext()
     try:
-        with ws, torch.no_grad():
+        with ws, torch.no_grad(), keep:
             torch.func.functional_call(model, state, inputs, tie_weights=True)
     finally:
         ws.finish()
@@ -472,17 +544,18 @@ def _expand(tracer: _Tracer, full: list[str], kids: list[str], stacks) -> None:
     """Give every entry 2..n-1 the stats of the traced entry that stands for it."""
     st = tracer.stats
     targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
+    plain = (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
+             st.forward_nosave, st.entry, st.sac_saved, st.sac_moved, st.forward_sac, st.sac_outside, st.exit, st.output)
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
                   {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
-                  [d.get(src, 0) for d in (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
-                                    st.forward_nosave, st.entry, st.exit, st.output)]) for _, src in targets}
+                  [d.get(src, 0) for d in plain], dict(st.sac_flops.get(src, {}))) for _, src in targets}
     for name, src in targets:
-        flops, moved, rest = snap[src]
+        flops, moved, rest, sac_flops = snap[src]
         for ph in ("fwd", "bwd"):
             st.flops[ph][name] = defaultdict(float, flops[ph])
             st.moved[ph][name] = moved[ph]
-        for d, v in zip((st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
-                                    st.forward_nosave, st.entry, st.exit, st.output), rest):
+        st.sac_flops[name] = defaultdict(float, sac_flops)
+        for d, v in zip(plain, rest):
             d[name] = v
 
     def order(ran: list[str], names: list[str]) -> list[str]:
@@ -516,7 +589,10 @@ def _fold(stats: _Stats, ran: list[str], final: list[str]) -> None:
             for c, f in stats.flops[ph].pop(k, {}).items():
                 stats.flops[ph][target][c] += f
             stats.moved[ph][target] += stats.moved[ph].pop(k, 0)
-        # Its module is not the target's, so checkpointing the target does not recompute it.
+        # Its module is not the target's, so checkpointing the target does not recompute it
+        # (nor does selective checkpointing store its outputs).
+        for d in (stats.sac_saved, stats.sac_moved, stats.sac_flops, stats.sac_outside):
+            d.pop(k, None)
         stats.outside[target] += stats.acts.get(k, 0)
         stats.acts[target] += stats.acts.pop(k, 0)
         stats.outside.pop(k, None)
@@ -526,6 +602,7 @@ def _fold(stats: _Stats, ran: list[str], final: list[str]) -> None:
         stats.forward_peak[target] = max(stats.forward_peak[target], stats.forward_peak.pop(k, 0))
         stats.forward_nosave[target] = max(stats.forward_nosave[target], stats.forward_nosave.pop(k, 0))
         stats.exit[target] = max(stats.exit[target], stats.exit.pop(k, 0))
+        stats.forward_sac[target] = max(stats.forward_sac[target], stats.forward_sac.pop(k, 0))
 
 
 def _workspace(name: str, params: Sequence[nn.Parameter], st: _Stats) -> int:
@@ -554,6 +631,11 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         forward_peak_bytes=st.forward_peak.get(name, 0) if name != L.ROOT else 0,
         checkpointed_forward_bytes=st.forward_nosave.get(name, 0) if name != L.ROOT else 0,
         exit_bytes=st.exit.get(name, 0) if name != L.ROOT else 0, output_bytes=st.output.get(name, 0),
+        selective_saved_bytes=st.sac_saved.get(name, 0),
+        selective_forward_bytes=st.forward_sac.get(name, 0) if name != L.ROOT else 0,
+        selective_outside_input_bytes=st.sac_outside.get(name, 0),
+        selective_recompute_seconds=device.compute_seconds(dict(st.sac_flops.get(name, {})))
+        + st.sac_moved.get(name, 0) / bw,
         input_bytes=st.inputs.get(name, 0), entry_bytes=st.entry.get(name, 0), outside_bytes=st.outside.get(name, 0), calls=max(1, st.calls.get(name, 1)),
         forward_flops=fwd,
         backward_flops=bwd,

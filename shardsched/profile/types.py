@@ -67,6 +67,22 @@ class LayerProfile:
     output_bytes: int = 0
     """Bytes of its (largest call's) output: the gradient its backward receives has this size
     (`sim.scenario.UnitCost.inner_moments`); 0 = unknown."""
+    selective_saved_bytes: int | None = None
+    """Bytes of the outputs of the ops selective checkpointing saves (`runtime.sac.saves`:
+    matmuls, attention, convolutions) in its forward, each storage once: what a selective
+    layer keeps next to its inputs (SAC's caching mode stores them whether or not autograd
+    would save them). None = unknown (the planner then assumes it keeps all its activations)."""
+    selective_outside_input_bytes: int = 0
+    """Of `selective_saved_bytes`, what code outside the layer then reads (a `+sac` head's
+    logits, the loss's input): at that code's forward they are its input, which the planner's
+    loss transient already counts ([Note: selective checkpointing as kept bytes])."""
+    selective_forward_bytes: int = 0
+    """Peak of its forward above its start as a selective layer runs (saving nothing for
+    autograd, keeping the policy's outputs: measured, [Note: forward windows]); 0 = unknown
+    (the planner then takes `checkpointed_forward_bytes` plus all its saved outputs)."""
+    selective_recompute_seconds: float | None = None
+    """Forward seconds of the ops selective checkpointing recomputes (all but those it saves:
+    mostly memory-bound ones, priced by their moved bytes). None = unknown (its whole forward)."""
     calls: int = 1
     """Times its module runs in one forward (ALBERT's shared layer: once per depth).
     Parameters and workspace count once; `activation_bytes` and `input_bytes` are the

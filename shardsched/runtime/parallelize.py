@@ -3,7 +3,8 @@
 Steps, in this fixed order (as torchtitan's parallelize_* functions):
 1. check the plan belongs to this model and this world (and that the world is
    whole nodes when the plan uses node-aware strategies);
-2. activation checkpointing of every layer of a checkpointed unit, before
+2. activation checkpointing (full, or selective: `runtime.sac`) of every layer of a
+   checkpointed unit, before
    `fully_shard` (torchtitan's order), with PyTorch's composable
    `torch.distributed._composable.checkpoint`: it works by forward hooks, so module
    paths and parameter names stay what the plan (and DCP checkpoints) name, where
@@ -35,12 +36,13 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from shardsched.errors import UsageError
-from shardsched.core.types import Plan, Precision, Strategy
+from shardsched.core.types import Checkpoint, Plan, Precision, Strategy
 from shardsched.plan.units import ROOT, tied_violation
 from shardsched.plan.validate import check_plan_layers
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.layers import tied_sets
 from shardsched.runtime.ddp import replicate_with_ddp, runs_on_ddp
+from shardsched.runtime.sac import selective_contexts
 
 
 def mp_policy(precision: Precision) -> MixedPrecisionPolicy:
@@ -129,21 +131,35 @@ def _running_stats_untouched(module: nn.Module):
             m._buffers.update(buffers)
 
 
-def _contexts(module: nn.Module):
-    """checkpoint's `context_fn`: nothing in forward, statistics kept during recomputation."""
+@contextlib.contextmanager
+def _both(first, second):
+    with first, second:
+        yield
+
+
+def _contexts(module: nn.Module, mode: Checkpoint):
+    """checkpoint's `context_fn`: statistics kept during recomputation; selective: the
+    policy's contexts too (`runtime.sac`), the statistics context around its recompute one."""
+    if mode is Checkpoint.SELECTIVE:
+        def selective():
+            forward, recompute = selective_contexts()
+            return forward, _both(_running_stats_untouched(module), recompute)
+        return selective
     return lambda: (contextlib.nullcontext(), _running_stats_untouched(module))
 
 
 def checkpoint_layers(model: nn.Module, plan: Plan) -> None:
     """Activation checkpointing on every layer of a checkpointed unit, each layer on its
-    own ([Note: checkpointed units, layer by layer] in `plan.units`), before `fully_shard`
-    (a checkpointed plan never runs on DDP: `runtime.ddp.runs_on_ddp`); recomputation
-    leaves running statistics alone ([Note: recomputation never changes module state])."""
+    own ([Note: checkpointed units, layer by layer] in `plan.units`), full or selective
+    (`core.types.Checkpoint`, [Note: the selective checkpointing policy] in `runtime.sac`),
+    before `fully_shard` (a checkpointed plan never runs on DDP: `runtime.ddp.runs_on_ddp`);
+    recomputation leaves running statistics alone ([Note: recomputation never changes module
+    state])."""
     for unit in plan.units:
         if unit.checkpoint:
             for name in unit.layers:
                 module = model.get_submodule(name)
-                checkpoint(module, context_fn=_contexts(module))
+                checkpoint(module, context_fn=_contexts(module, unit.checkpoint))
 
 
 def parallelize(model: nn.Module, plan: Plan, *, mesh: DeviceMesh, ddp: bool = True) -> nn.Module:

@@ -18,7 +18,7 @@ from typing import NamedTuple
 from shardsched.cost.device import Cluster
 from shardsched.cost.memory import StateBytes, shard_numel
 from shardsched.cost.strategy import shard_count
-from shardsched.core.types import GradSync, Strategy
+from shardsched.core.types import Checkpoint, GradSync, Strategy
 
 
 class Inner(NamedTuple):
@@ -75,6 +75,14 @@ class UnitCost:
     frees them before the unit's own backward starts."""
     layer_dims: tuple[tuple[tuple[int, int], ...], ...] = ()
     """`dims` per layer (for the per-module ReduceScatter inputs of a fused unit); () = unknown."""
+    outside_input_bytes: int = 0
+    """Selective form only: its last layer's saved outputs that the code outside it reads
+    (`LayerProfile.selective_outside_input_bytes`): at that code's forward they are the input
+    `outside_workspace_bytes // 2` stands for, so they are not counted twice (`after_forward`)."""
+    recompute_seconds: float | None = None
+    """Seconds its backward spends recomputing when checkpointed; None: its whole forward
+    (full checkpointing). A selective unit's cost (`plan.units.unit_cost`) sets it to the
+    ops the policy recomputes ([Note: selective checkpointing as kept bytes])."""
 
     def module_reduce_numel(self, n: int, *, last: bool) -> int:
         """Elements of one module's ReduceScatter input over n shards: FSDP2 (torch 2.13)
@@ -98,8 +106,13 @@ class UnitCost:
         """Beyond what is saved, what lives once its forward is over, before the next unit's
         copy-out, next to its held AllGather output: the code after it, measured ([Note: exit
         windows] in profile/workspace.py), or else the loss's logits-sized temporary (half
-        `outside_workspace_bytes`, [Note: the loss before the unit's backward])."""
-        return max(self.exit_bytes, self.outside_workspace_bytes // 2)
+        `outside_workspace_bytes`, [Note: the loss before the unit's backward]), less what a
+        selective last layer already keeps of the loss's input (its logits)."""
+        return max(0, max(self.exit_bytes, self.outside_workspace_bytes // 2) - self.outside_input_bytes)
+
+    def recompute(self) -> float:
+        """Seconds its backward recomputes when checkpointed (`recompute_seconds`)."""
+        return self.forward_seconds if self.recompute_seconds is None else self.recompute_seconds
 
     def checkpointed_start(self) -> int:
         """Its own bytes as its backward starts when checkpointed: its last layer recomputed
@@ -229,8 +242,10 @@ class Scenario:
     """Live from the first step on, on the device: Adam's `step`, one fp32 scalar per
     parameter tensor, which torch.optim keeps on the CPU unless fused or capturable (so on a
     GPU it is host memory, 0 here)."""
-    checkpoint: tuple[bool, ...] = ()
-    """Per unit: activation checkpointing on (empty: off everywhere)."""
+    checkpoint: tuple = ()
+    """Per unit: activation checkpointing, a `Checkpoint` (or a bool: full or none; empty:
+    none anywhere). A selective unit's `UnitCost` is its selective form, so every moment
+    below reads it as checkpointed ([Note: selective checkpointing as kept bytes])."""
     root_tied_numel: int = 0
     """`Profile.root_tied_numel`: the root's tied tensors, whose gradient a DDP backward holds
     throughout (`sim.memory` [Note: plans that run on DDP])."""
@@ -248,7 +263,11 @@ class Scenario:
                 and not any(self.checkpoint))
 
     def ckpt(self, i: int) -> bool:
-        return bool(self.checkpoint) and self.checkpoint[i]
+        """Unit i recomputes in backward (full or selective)."""
+        return bool(self.checkpoint) and bool(self.checkpoint[i])
+
+    def mode(self, i: int) -> Checkpoint:
+        return Checkpoint(self.checkpoint[i]) if self.checkpoint else Checkpoint.NONE
 
     def retained_bytes(self, i: int) -> int:
         """Activations unit i keeps from its forward to its backward."""
@@ -297,9 +316,9 @@ class Scenario:
         return self.units[i].done_grad_bytes(shard_count(self.strategies[i], self.cluster), self.state.grad)
 
     def backward_seconds(self, i: int) -> float:
-        """A checkpointed unit recomputes its forward inside its backward."""
+        """A checkpointed unit recomputes its forward (selective: some of it) inside its backward."""
         u = self.units[i]
-        return u.backward_seconds + (u.forward_seconds if self.ckpt(i) else 0.0)
+        return u.backward_seconds + (u.recompute() if self.ckpt(i) else 0.0)
 
     @property
     def n(self) -> int:

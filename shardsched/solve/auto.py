@@ -24,7 +24,7 @@ from shardsched.solve.candidates import Problem, candidate_problems, finest_prob
 from shardsched.solve.greedy import least_memory
 from shardsched.solve.search import FULL_WINDOW_UNITS, Effort, Search, ahead_for, search, with_baseline_groupings
 from shardsched.plan.spec import StrategySpec
-from shardsched.core.types import Optimizer, Plan, Precision, SolverInfo, Strategy
+from shardsched.core.types import Checkpoint, Optimizer, Plan, Precision, SolverInfo, Strategy
 from shardsched.profile.types import Profile
 from shardsched.sim.memory import step_memory
 
@@ -62,12 +62,15 @@ def search_space(problems: list[Problem], effort: Effort, pins: dict) -> dict:
     largest = max(p.n for p in problems)
     return {"groupings": len(problems), "units": sorted({p.n for p in problems}),
             "strategies": sorted({k.label for p in problems for a in p.allowed for k in a}),
-            "checkpointing": "per unit, never the root",
+            "checkpointing": ("none, selective or full per unit, never the root"
+                              if any(p.selective for p in problems) else "none or full per unit, never the root"),
             "launch_window": "every step" if largest <= FULL_WINDOW_UNITS else
             f"every step up to {FULL_WINDOW_UNITS} units; {ahead_for(largest)} steps at {largest} units",
             "pinned_layers": len(pins),
             "work_limit": {"mip_nodes": effort.node_limit(), "milp_up_to_units": int(effort.milp_units * effort.scale),
                            "milp_best_grouping_up_to_units": int(effort.lead_units * effort.scale),
+                           "milp_best_grouping_narrowed_up_to_units": effort.lead_launches // 4,
+                           "milp_root_bound_up_to_units": int(effort.bound_units * effort.scale),
                            "local_search_unit_evaluations": int(effort.local_work * effort.scale),
                            "threads": 1, "random_seed": 0}}
 
@@ -214,7 +217,10 @@ def explain(best: Scored, *, baselines: list[Scored], budget: int, candidates: i
         label = p.costs[a].name if a == b else f"{p.costs[a].layers[0]}..{p.costs[b].layers[-1]}"
         notes.append(f"{label}: {_why(best, a, b, budget, pins)}")
     if any(ch.ckpt):
-        notes.append(f"{sum(ch.ckpt)} of {p.n} units checkpointed (activations recomputed in backward to fit)")
+        sac = sum(c is Checkpoint.SELECTIVE for c in ch.ckpt)
+        notes.append(f"{sum(map(bool, ch.ckpt))} of {p.n} units checkpointed"
+                     + (f" ({sac} selectively: matmul and attention outputs kept)" if sac else "")
+                     + " (activations recomputed in backward to fit)")
     early = sum(1 for i in range(p.n) if ch.fwd[i] < i - 1)
     early += sum(1 for i in range(p.n) if ch.bwd[i] is not None and ch.bwd[i] < 2 * p.n - 2 - i)
     notes.append(f"{_grouping_words(p.n, len(p.profile.layers))} ({candidates} groupings considered); "

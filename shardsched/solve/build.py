@@ -13,7 +13,7 @@ import time
 from shardsched.cost.device import Cluster
 from shardsched.plan.schedule import make_scenario, units_with_schedule
 from shardsched.plan.spec import parse_strategy_spec
-from shardsched.core.types import GradSync, Optimizer, Plan, Precision, SolverInfo, Strategy
+from shardsched.core.types import Checkpoint, GradSync, Optimizer, Plan, Precision, SolverInfo, Strategy
 from shardsched.plan.units import ROOT, group_layers, layer_strategies, unit_cost
 from shardsched.profile.types import Profile
 from shardsched.sim.scenario import Scenario, default_launch
@@ -40,10 +40,10 @@ def make_plan(profile: Profile, cluster: Cluster, *, strategy: str = "full_shard
     names = [layer.name for layer in profile.layers]
     per_layer, ckpt = spec.for_layers(names), spec.checkpointed(names)
     strategies = layer_strategies(profile, [per_layer[n] for n in names])
-    keys = [(s, ckpt[n] and n != ROOT) for s, n in zip(strategies, names)]  # the root is never checkpointed
+    keys = [(s, ckpt[n] if n != ROOT else Checkpoint.NONE) for s, n in zip(strategies, names)]  # never the root
     block = block_params(cluster, precision, optimizer) if fuse else 0
     groups = group_layers(profile, keys, block_params=block)
-    costs = [unit_cost([profile.layers[i] for i in g]) for g in groups]
+    costs = [unit_cost([profile.layers[i] for i in g], keys[g[0]][1]) for g in groups]
     strats = [keys[g[0]][0] for g in groups]
     fwd, bwd = default_launch(tuple(strats), ahead=prefetch_ahead)
     sc = make_scenario(costs, strats, fwd, bwd, profile=profile, cluster=cluster,

@@ -26,7 +26,7 @@ from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
 from shardsched.cost.strategy import strategies_for
 from shardsched.plan.schedule import make_scenario
-from shardsched.core.types import GradSync, Optimizer, Precision, Strategy
+from shardsched.core.types import Checkpoint, GradSync, Optimizer, Precision, Strategy
 from shardsched.plan.units import ROOT, root_strategy, unit_cost
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.sim.scenario import Scenario, UnitCost
@@ -42,8 +42,8 @@ class Choice(NamedTuple):
     strategies: tuple[Strategy, ...]
     fwd: tuple[int, ...]
     bwd: tuple[int | None, ...]
-    ckpt: tuple[bool, ...] = ()
-    """Per unit: activation checkpointing (empty: none)."""
+    ckpt: tuple = ()
+    """Per unit: activation checkpointing, a bool (full or none) or a `Checkpoint` (empty: none)."""
 
 
 class Problem(NamedTuple):
@@ -56,6 +56,10 @@ class Problem(NamedTuple):
     precision: Precision
     optimizer: Optimizer
     checkpointable: bool = False
+    selective: tuple[UnitCost, ...] = ()
+    """Each unit's selective form (`plan.units.unit_cost(..., Checkpoint.SELECTIVE)`): where
+    given and `checkpointable`, solvers choose none, selective or full per unit; empty when
+    the profile does not say what selective checkpointing keeps."""
     """Whether solvers may checkpoint units (a binary per unit, beside its strategy)."""
     accumulation: int = 1
     """Micro-batches per optimizer step (`Scenario.accumulation`)."""
@@ -70,12 +74,18 @@ class Problem(NamedTuple):
         """Whether unit i may be checkpointed: never the root ([Note: the root unit])."""
         return self.checkpointable and self.costs[i].layers != (ROOT,)
 
+    def can_select(self, i: int) -> bool:
+        """Whether unit i may be checkpointed selectively."""
+        return bool(self.selective) and self.can_checkpoint(i)
+
     def all_checkpointed(self) -> tuple[bool, ...]:
         """Every unit that may be checkpointed, checkpointed (`STRATEGY+ckpt`)."""
         return tuple(self._replace(checkpointable=True).can_checkpoint(i) for i in range(self.n))
 
     def scenario(self, choice: Choice) -> Scenario:
-        sc = make_scenario(list(self.costs), list(choice.strategies), choice.fwd, choice.bwd,
+        costs = [self.selective[i] if choice.ckpt and choice.ckpt[i] is Checkpoint.SELECTIVE else c
+                 for i, c in enumerate(self.costs)]
+        sc = make_scenario(costs, list(choice.strategies), choice.fwd, choice.bwd,
                            profile=self.profile, cluster=self.cluster,
                            precision=self.precision, optimizer=self.optimizer, checkpoint=choice.ckpt)
         if self.accumulation == 1:
@@ -101,6 +111,8 @@ def _with_residual(layer: LayerProfile) -> list[LayerProfile]:
         # the parent is after it too
         exit_bytes=max(last.exit_bytes, layer.exit_bytes),
         outside_workspace_bytes=max(last.outside_workspace_bytes, layer.outside_workspace_bytes),
+        selective_saved_bytes=last.selective_saved_bytes,  # the parent's code is not the child's
+        selective_forward_bytes=last.selective_forward_bytes, selective_recompute_seconds=last.selective_recompute_seconds,
         # the parent's own code runs outside the child: checkpointing the child keeps it
         outside_bytes=last.outside_bytes + max(0, residual),
         dims=last.dims if layer.params == sum(c.params for c in kids) else ())
@@ -192,7 +204,14 @@ def problem_for(groups: list[list[int]], atom_list, pins: list[Strategy | None],
         return None
     costs = tuple(unit_cost([atom_list[i][0] for i in g]) for g in groups)
     return Problem(costs=costs, allowed=tuple(allowed), profile=profile, cluster=cluster,
-                   precision=precision, optimizer=optimizer)
+                   precision=precision, optimizer=optimizer, selective=selective_costs(groups, atom_list))
+
+
+def selective_costs(groups: list[list[int]], atom_list) -> tuple[UnitCost, ...]:
+    """`Problem.selective`; empty when an atom's profile lacks what selective checkpointing keeps."""
+    if any(atom_list[i][0].selective_saved_bytes is None for g in groups for i in g):
+        return ()
+    return tuple(unit_cost([atom_list[i][0] for i in g], Checkpoint.SELECTIVE) for g in groups)
 
 
 def candidate_problems(profile: Profile, cluster: Cluster, *, pins: dict[str, Strategy | None],

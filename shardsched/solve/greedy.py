@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardsched.core.types import GradSync
+from shardsched.core.types import Checkpoint, GradSync
 from shardsched.cost.memory import state_bytes
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.sim.memory import extra_gather, forward_gathers, held_gathers, holds_root_grad
 from shardsched.solve.milp import FS, FSN, HS, HSGO, REP, SGO, costs_of
-from shardsched.sim.timeline import replay
+from shardsched.solve.replay import Replay
 
 PER_AG_HOIST_UNITS = 20
 """Above this many units, hoist all AllGathers together (see module docstring). 20, the
@@ -43,9 +43,10 @@ class Evaluator:
         self.p, self.c = p, costs_of(p)
         c = self.c
         self.unsh = np.array(c.unsharded, dtype=np.float64)
+        self.replay = Replay(p)
 
     def seconds(self, ch: Choice) -> float:
-        return replay(self.p.scenario(ch)).step_seconds
+        return self.replay.seconds(ch)
 
     def peak(self, ch: Choice) -> int:
         return int(max(self.moments(ch)))
@@ -74,7 +75,8 @@ class Evaluator:
         held = np.array([c.held[i][s] for i, s in enumerate(ch.strategies)], dtype=np.float64)
         U = np.concatenate([[0], np.cumsum(held)])
         G = np.concatenate([np.cumsum((shard * sb.grad)[::-1])[::-1], [0]])
-        kept = [c.inp[i] if ch.ckpt and ch.ckpt[i] else c.act[i] for i in range(n)]
+        modes = [_mode(ch, i) for i in range(n)]
+        kept = [_own(c, i, modes[i], c.act[i], c.inp[i], "inp") for i in range(n)]
         self.act = np.concatenate([[0], np.cumsum(kept)]).astype(np.float64)
         inc, exc = self._pending(ch, n)
         out = []
@@ -82,14 +84,15 @@ class Evaluator:
         for i in range(n):
             u, prev = unsh[i] + hag[i], hag[i - 1] if i else 0.0
             unit = self.p.costs[i]
-            ck = bool(ch.ckpt and ch.ckpt[i])
-            lead = unit.checkpointed_lead_bytes if ck else unit.lead_activation_bytes
+            x = modes[i]
+            lead = _own(c, i, x, unit.lead_activation_bytes, unit.checkpointed_lead_bytes, "lead")
             extra = extra_gather(unit, ch.strategies[i]) * unsh[i] + (lead if len(unit.layers) > 1 else 0)
             after = unit.after_forward()  # the code after it (the loss), after the unit reshards
             out.append(pers + U[i] + max(unsh[i] + ag[i] + prev + self.act[i] + unit.entry_bytes + exc[i],
                                          u + extra + self.act[i] + inc[i],
-                                         u + self.act[i] + c.fwd_own[i][ck] + inc[i],
-                                         held[i] + hag[i] + self.act[i + 1] + after + inc[i] if after else 0))
+                                         u + self.act[i] + _own(c, i, x, *c.fwd_own[i], "fwd_own") + inc[i],
+                                         held[i] + hag[i] + self.act[i + 1] + inc[i]
+                                         + _own(c, i, x, after, after, "loss") if after else 0))
         rs = [(c.rs_by[i][s], c.rs_kept_by[i][s]) for i, s in enumerate(ch.strategies)]
         for s in range(n, 2 * n):
             out.append(self._backward(ch, s, pers, U, G, inc, exc, unsh, rs, held))
@@ -102,16 +105,16 @@ class Evaluator:
         held_rs = rs[i + 1][1] if i + 1 < n else 0
         base = pers + U[i] + G[i + 1] + (c.root_grad if holds_root_grad(i, n) else 0)
         u = unsh[i]
-        ck = bool(ch.ckpt and ch.ckpt[i])
+        x = _mode(ch, i)
         k = ch.strategies[i]
-        own = c.ck_start[i] if ck else c.bwd_own[i]  # `Scenario.backward_start`
+        own = _own(c, i, x, c.bwd_own[i], c.ck_start[i], "start")  # `Scenario.backward_start`
         m = u + self.act[i] + own + held_rs + inc[s]  # backward starts (checkpointed: recomputed)
         if c.last_end[i] is None:
             m = max(m, u + c.ugrad[i] + self.act[i] + c.ws[i] + held_rs + inc[s],  # backward ends
                     c.ugrad[i] + self.act[i] + rs[i][0] + inc[s])  # reduce
         else:  # module by module (`UnitCost.last_end`, `UnitCost.inner_moments`)
-            m = max(m, u + self.act[i] + c.last_end[i][ck] + held_rs + inc[s],
-                    u + self.act[i] + c.inner_most[i][k][ck] + inc[s])
+            m = max(m, u + self.act[i] + _own(c, i, x, *c.last_end[i], "last_end") + held_rs + inc[s],
+                    u + self.act[i] + c.inner_most[i][k][x] + inc[s])
         outside = self.p.costs[i].outside_workspace_bytes  # the loss's backward, before it gathers
         if outside:
             # `base` counts the root's gradient as held at unit i; the loss runs before the head's
@@ -120,6 +123,17 @@ class Evaluator:
         if ch.strategies[i].gathers_for_backward:  # copy-out, its post-forward slice still live
             m = max(m, 2 * u + held[i] + self.act[i + 1] + self.p.costs[i].grad_in_bytes() + held_rs + exc[s])
         return base + m
+
+
+def _mode(ch: Choice, i: int) -> int:
+    """Unit i's checkpointing as an index: 0 none, 1 full, 2 selective (`Costs.inner_most`)."""
+    mode = Checkpoint(ch.ckpt[i]) if ch.ckpt else Checkpoint.NONE
+    return 2 if mode is Checkpoint.SELECTIVE else int(bool(mode))
+
+
+def _own(c, i: int, x: int, plain, full, field: str):
+    """A unit's own bytes of one moment under checkpointing index x (`_mode`)."""
+    return (plain, full, getattr(c.sac[i], field) if c.sac[i] is not None else full)[x]
 
 
 def with_accumulation(p: Problem, G: np.ndarray, moments: list[float]) -> list[float]:
@@ -159,10 +173,12 @@ def least_memory(p: Problem) -> Choice:
 
 
 def _with(ch: Choice, i: int, strategy) -> Choice:
-    """Unit i switched to `strategy` (None: checkpointing switched off instead)."""
+    """Unit i switched to `strategy` (None: checkpointing switched off instead; SELECTIVE:
+    checkpointed selectively instead)."""
     n = len(ch.strategies)
-    if strategy is None:
-        ckpt = ch.ckpt[:i] + (False,) + ch.ckpt[i + 1:]
+    if strategy is None or strategy is Checkpoint.SELECTIVE:  # checkpointing off, or selective
+        ck = ch.ckpt or (False,) * n
+        ckpt = ck[:i] + (strategy or False,) + ck[i + 1:]
         return ch._replace(ckpt=ckpt if any(ckpt) else ())
     strat = ch.strategies[:i] + (strategy,) + ch.strategies[i + 1:]
     bwd = ch.bwd[:i] + ((2 * n - 1 - i) if strategy.gathers_for_backward else None,) + ch.bwd[i + 1:]
@@ -171,7 +187,8 @@ def _with(ch: Choice, i: int, strategy) -> Choice:
 
 def _moves(ev: Evaluator, ch: Choice) -> list[tuple[float, int, object, object]]:
     """(seconds saved per byte, unit, from, to), best first (DeepCompile's ranking);
-    `to` None: stop checkpointing the unit (saves its recomputation)."""
+    `to` None: stop checkpointing the unit (saves its recomputation); SELECTIVE: checkpoint it
+    selectively instead of fully (saves most of it)."""
     c = ev.c
     out = []
     for i, allowed in enumerate(ev.p.allowed):
@@ -183,7 +200,9 @@ def _moves(ev: Evaluator, ch: Choice) -> list[tuple[float, int, object, object]]
                 if MIN_FIRST.index(b) > MIN_FIRST.index(a) and saved > 0:
                     out.append((saved / max(cost_of[b] - cost_of[a], 1), i, a, b))
         if ch.ckpt and ch.ckpt[i]:
-            out.append((c.fwd[i] / max(c.act[i] - c.inp[i], 1), i, None, None))
+            out.append((c.rec[i] / max(c.act[i] - c.inp[i], 1), i, None, None))
+        if _mode(ch, i) == 1 and ev.p.can_select(i):  # full to selective: most recompute per byte
+            out.append(((c.rec[i] - c.sac[i].rec) / max(c.sac[i].inp - c.inp[i], 1), i, None, Checkpoint.SELECTIVE))
     return sorted(out, key=lambda m: -m[0])
 
 
@@ -270,20 +289,44 @@ def greedy(p: Problem, *, budget: int, ahead: int | None = None) -> Choice | Non
     unchecked = least._replace(ckpt=())
     starts = [least] + ([unchecked] if least.ckpt and p.n <= PER_AG_HOIST_UNITS and ev.peak(unchecked) <= budget
                         else [])
+    # selective wherever offered (full elsewhere): recomputing little, it frees memory that
+    # climbing from the all-full start, one unit at a time, never finds (a start, when it fits)
+    selective = least._replace(ckpt=tuple(Checkpoint.SELECTIVE if p.can_select(i) else c
+                                          for i, c in enumerate(least.ckpt)))
+    if p.selective and least.ckpt and ev.peak(selective) <= budget:
+        starts.append(selective)
     return min((_climb(ev, ch, budget=budget, ahead=ahead) for ch in starts), key=ev.seconds)
 
 
 def recompute_less(ev: Evaluator, ch: Choice, *, budget: int) -> Choice:
-    """Switch checkpointing off where it still fits, most recompute seconds per byte first.
+    """Switch checkpointing off where it still fits, most recompute seconds per byte first,
+    else to selective checkpointing where the Problem offers it and that fits.
     `upgrade` ranks these moves among the strategy moves and tries each once, so memory
     freed later (or never wanted by a strategy move) was left unused: Llama-2-70B at 40 GiB
     kept every unit checkpointed at a 25 GiB peak."""
     c, t = ev.c, ev.seconds(ch)
-    order = sorted((i for i in range(ev.p.n) if ch.ckpt and ch.ckpt[i]),
-                   key=lambda i: (-c.fwd[i] / max(c.act[i] - c.inp[i], 1), i))
-    for i in order:
-        ch, t = _kept(ev, ch, t, _with(ch, i, None), budget)
+    for _, i, src, dst in _recompute_moves(ev, ch):
+        if _mode(ch, i) == src:
+            ch, t = _kept(ev, ch, t, _with(ch, i, None) if dst == 0 else ch._replace(
+                ckpt=ch.ckpt[:i] + (Checkpoint.SELECTIVE,) + ch.ckpt[i + 1:]), budget)
     return ch
+
+
+def _recompute_moves(ev: Evaluator, ch: Choice) -> list[tuple[float, int, int, int]]:
+    """(recompute seconds saved per byte it costs, unit, from mode, to mode: `_mode`'s index),
+    best first: full to none, and where offered full to selective and selective to none. Full to
+    selective frees most of the recomputation for few bytes (a SwiGLU MLP: its matmuls' outputs
+    of the activations), so it is often worth more per byte than switching a unit off."""
+    c, out = ev.c, []
+    for i in range(ev.p.n):
+        if not (ch.ckpt and ch.ckpt[i]):
+            continue
+        out.append((c.rec[i] / max(c.act[i] - c.inp[i], 1), i, 1, 0))
+        sac = c.sac[i]
+        if sac is not None and ev.p.can_select(i):
+            out.append(((c.rec[i] - sac.rec) / max(sac.inp - c.inp[i], 1), i, 1, 2))
+            out.append((sac.rec / max(c.act[i] - sac.inp, 1), i, 2, 0))
+    return sorted(out, key=lambda m: (-m[0], m[1], m[2], m[3]))
 
 
 def _climb(ev: Evaluator, ch: Choice, *, budget: int, ahead: int) -> Choice:

@@ -61,7 +61,7 @@ from shardsched.cost.strategy import gather_seconds, held_after_forward, reduce_
 from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad, root_grad_bytes
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.plan.schedule import optimizer_seconds_per_param
-from shardsched.core.types import GradSync, Strategy
+from shardsched.core.types import Checkpoint, GradSync, Strategy
 
 FS, SGO, REP = Strategy.FULL_SHARD, Strategy.SHARD_GRAD_OP, Strategy.REPLICATE
 FSN, HS, HSGO = Strategy.FULL_SHARD_NODE, Strategy.HYBRID_SHARD, Strategy.HYBRID_SHARD_GRAD_OP
@@ -143,7 +143,10 @@ class Costs(NamedTuple):
     red: list[dict]
     fwd: list[float]
     bwd: list[float]
-    """Backward seconds without recomputation (a checkpointed unit adds `fwd`)."""
+    """Backward seconds without recomputation (a checkpointed unit adds `rec`)."""
+    rec: list[float]
+    """Seconds a checkpointed unit recomputes in its backward (`UnitCost.recompute`: its
+    forward, or a selective unit's recomputed ops)."""
     shard: list[dict]
     held: list[dict]
     """Bytes held from the end of forward to the backward copy-out (`cost.strategy`)."""
@@ -196,6 +199,34 @@ class Costs(NamedTuple):
     opt_factor: float
     opt_per_param: float
     """Optimizer seconds per persistent (sharded) parameter (`plan.schedule.make_scenario`)."""
+    sac: list
+    """Per unit, its selective form's numbers (`Selective`), or None where the Problem offers
+    no selective checkpointing ([Note: three checkpointing modes in the MILP])."""
+
+
+class Selective(NamedTuple):
+    """A unit's selective form (`Problem.selective`), read as checkpointed: the checkpointed
+    counterparts of `Costs`' per-unit fields ([Note: selective checkpointing as kept bytes])."""
+
+    inp: int
+    start: int
+    fwd_own: int
+    lead: int
+    last_end: int | None
+    loss: int
+    """The outside code's forward transient after it (`UnitCost.after_forward`)."""
+    inner: list | None
+    """Own bytes of each of `Costs.inner`'s rows (same keys), None where it has no such moment."""
+    rec: float
+
+
+# [Note: three checkpointing modes in the MILP]
+# Per unit, checkpointing is none, full or selective: two binaries ck[i] (full) and sc[i]
+# (selective), ck + sc <= 1. A selective unit's every moment is its checkpointed moment with
+# its selective cost (plan/units.py), so each term that was `ck * (checkpointed - plain)` is
+# now `ck * (full - plain) + sc * (selective - plain)`: still linear, and exact at each of the
+# three choices. The inner moments of a fused unit stay one row each where they bind for some
+# (strategy, mode).
 
 
 def costs_of(p: Problem) -> Costs:
@@ -213,12 +244,14 @@ def costs_of(p: Problem) -> Costs:
     inner = [_inner(c, sb, cl, unsh_by[i]) if len(c.layers) > 1 and c.layer_bytes else None
              for i, c in enumerate(p.costs)]
     plain, ckpt = sc, dataclasses.replace(sc, checkpoint=(True,) * sc.n)  # for `Scenario.forward_bytes`
+    sac = _selective(p, sb, cl, inner) if p.selective else [None] * p.n
     return Costs(agf=[{k: gather_seconds(k, b[k], cl, backward=False) for k in ks} for b in unsh_by],
                  agb=[{k: gather_seconds(k, b[k], cl, backward=True) if k.gathers_for_backward else 0.0 for k in ks}
                       for b in unsh_by],
                  red=[{k: reduce_seconds(k, r[k], cl) for k in ks} for r in msg_by],
                  # from the scenario: it adds the device's per-unit host overhead
                  fwd=[c.forward_seconds for c in sc.units], bwd=[c.backward_seconds for c in sc.units],
+                 rec=[c.recompute() for c in sc.units],
                  shard=[{k: c.shard_numel(shard_count(k, cl)) for k in ks} for c in p.costs],
                  held=[{k: held_after_forward(k, b[k], cl) for k in ks} for b in unsh_by],
                  unsharded=[c.padded_numel(cl.world) * sb.unsharded_param for c in p.costs],
@@ -232,12 +265,34 @@ def costs_of(p: Problem) -> Costs:
                  bwd_own=[c.backward_peak() for c in p.costs], rs_kept_by=rs_kept_by,
                  last_end=[tuple(c.last_end(sb.unsharded_grad, checkpointed=ck) for ck in (False, True))
                            if plain.fused(i) else None for i, c in enumerate(p.costs)],
-                 inner=inner, inner_most=[_inner_most(rows) for rows in inner],
+                 inner=inner, inner_most=[_inner_most(rows, s.inner if s else None) for rows, s in zip(inner, sac)],
                  lead=[c.lead_activation_bytes for c in p.costs], cklead=[c.checkpointed_lead_bytes for c in p.costs],
                  # every moment holds these: the inputs, the buffers, the loss, Adam's step scalars
                  input_bytes=sc.input_bytes + sc.buffer_bytes + sc.loss_bytes + sc.optimizer_scalar_bytes,
                  state=sb, opt_factor=sc.optimizer_workspace_factor,
-                 opt_per_param=optimizer_seconds_per_param(sb, cl))
+                 opt_per_param=optimizer_seconds_per_param(sb, cl), sac=sac)
+
+
+def _selective(p: Problem, sb, cl, inner: list) -> list:
+    """`Costs.sac`: the selective forms of the units, read as checkpointed."""
+    sc = p.scenario(Choice(tuple(REP for _ in p.allowed), tuple(range(p.n)), (None,) * p.n,
+                           (Checkpoint.SELECTIVE,) * p.n))
+    out = []
+    for i, c in enumerate(sc.units):
+        if not p.can_select(i):
+            out.append(None)
+            continue
+        fused = inner[i] is not None
+        moments = c.inner_moments(sb.unsharded_grad, checkpointed=True) if fused else {}
+        keys = sorted(set(p.costs[i].inner_moments(sb.unsharded_grad, checkpointed=False)) | set(moments)) \
+            if fused else []
+        out.append(Selective(inp=c.input_bytes, start=sc.backward_start(i), fwd_own=sc.forward_bytes(i),
+                             lead=c.checkpointed_lead_bytes,
+                             last_end=c.last_end(sb.unsharded_grad, checkpointed=True) if sc.fused(i) else None,
+                             loss=c.after_forward(),
+                             inner=[moments[k].own if k in moments else None for k in keys] if fused else None,
+                             rec=c.recompute()))
+    return out
 
 
 def _inner(c, sb, cl, unsh: dict) -> list[tuple]:
@@ -256,12 +311,14 @@ def _inner(c, sb, cl, unsh: dict) -> list[tuple]:
     return out
 
 
-def _inner_most(rows) -> dict | None:
-    """Per strategy, (plain, checkpointed) the most of a fused unit's inner moments."""
+def _inner_most(rows, sac: list | None = None) -> dict | None:
+    """Per strategy, (plain, checkpointed, selective) the most of a fused unit's inner moments
+    (selective: the checkpointed one where the unit has no selective form)."""
     if rows is None:
         return None
-    return {k: tuple(max((r[x] + r[2][k] for r in rows if r[x] is not None), default=0) for x in (0, 1))
-            for k in Strategy}
+    owns = [(r[0], r[1], sac[j] if sac is not None else r[1]) for j, r in enumerate(rows)]
+    return {k: tuple(max((o[x] + r[2][k] for o, r in zip(owns, rows) if o[x] is not None), default=0)
+                     for x in (0, 1, 2)) for k in Strategy}
 
 
 def windows(n: int, ahead: int) -> tuple[list[range], list[range]]:
@@ -296,7 +353,7 @@ class _Build:
         c = self.c
         worst = sum(max(c.agf[i][k] + c.agb[i][k] + c.red[i][k] for k in self.z[i]) for i in range(self.n))
         opt = sum(s[REP] for s in c.shard) * c.opt_per_param
-        recompute = sum(c.fwd) if self.p.checkpointable else 0.0
+        recompute = sum(max(r, s.rec if s else 0.0) for r, s in zip(c.rec, c.sac)) if self.p.checkpointable else 0.0
         return (sum(self.comp) + (worst + opt + recompute) / self.tscale) * 1.01 + 1e-9
 
     def _decisions(self) -> None:
@@ -305,6 +362,10 @@ class _Build:
         for i in range(self.n):
             m.row({v: 1.0 for v in self.z[i].values()}, 1.0, 1.0)
         self.ck = [m.var(integer=True) if p.can_checkpoint(i) else None for i in range(self.n)]
+        self.sc = [m.var(integer=True) if p.can_select(i) else None for i in range(self.n)]
+        for i in range(self.n):  # one of none, full, selective ([Note: three checkpointing modes in the MILP])
+            if self.sc[i] is not None:
+                m.row({self.ck[i]: 1.0, self.sc[i]: 1.0}, 0.0, 1.0)
         self.xf = [{l: m.var(integer=True) for l in self.fwin[i]} for i in range(self.n)]
         for i in range(self.n):
             m.row({v: 1.0 for v in self.xf[i].values()}, 1.0, 1.0)
@@ -355,12 +416,13 @@ class _Build:
         return out
 
     def _recompute(self, s: int) -> dict:
-        """A checkpointed unit's backward step also runs its forward."""
+        """A checkpointed unit's backward step also recomputes (`Costs.rec`)."""
         n = self.n
         if s < n or s >= 2 * n or self.ck[2 * n - 1 - s] is None:
             return {}
         i = 2 * n - 1 - s
-        return {self.ck[i]: self.c.fwd[i] / self.tscale}
+        sac = self.c.sac[i]
+        return _add({self.ck[i]: self.c.rec[i] / self.tscale}, {self.sc[i]: sac.rec / self.tscale} if sac else {})
 
     def _opt_seconds(self) -> dict:
         out = {}
@@ -452,7 +514,8 @@ class _Build:
         for i in range(n):
             terms, const = self.A[-1]
             if self.ck[i] is not None:
-                terms = {self._aux(_add(terms, {self.ck[i]: (c.inp[i] - c.act[i]) * g})): 1.0}
+                terms = {self._aux(_add(terms, self._ck_term(i, (c.inp[i] - c.act[i]),
+                                                             _sac(c, i, "inp", c.act[i]) - c.act[i]))): 1.0}
             self.A.append((terms, const + c.act[i] * g))
 
     def _held_gathers(self) -> list[int]:
@@ -496,7 +559,7 @@ class _Build:
             unsh = self.zexpr(i, {k: c.unsh_by[i][k] * g for k in self.z[i]})
             ag = self.zexpr(i, {k: forward_gathers(unit, k) * c.unsh_by[i][k] * g for k in self.z[i]})
             extra = self.zexpr(i, {k: extra_gather(unit, k) * c.unsh_by[i][k] * g for k in self.z[i]})
-            extra = _add(extra, self._ck_term(i, c.cklead[i] - c.lead[i]))
+            extra = _add(extra, self._ck_term(i, c.cklead[i] - c.lead[i], _sac(c, i, "lead", c.lead[i]) - c.lead[i]))
             prev = {held_ag[i - 1]: 1.0} if i else {}
             live = _add(_add(base, {self.U[i]: 1.0}), _add(unsh, {held_ag[i]: 1.0}))
             (a0, k0), (a1, k1) = self.A[i], self.A[i + 1]
@@ -509,10 +572,13 @@ class _Build:
             tail = unit.after_forward()
             if tail:  # the code after it, the unit resharded (`sim.memory`, [Note: exit windows])
                 after = _add(self.zexpr(i, {k: c.held[i][k] * g for k in self.z[i]}), {held_ag[i]: 1.0})
-                self._mem(i, _add(_add(_add(base, {self.U[i]: 1.0}), after), _add(a1, self._pending(i, inclusive=True))),
+                # a selective form's is less (`_sac`): it keeps the loss's input
+                self._mem(i, _add(_add(_add(_add(base, {self.U[i]: 1.0}), after), _add(a1, self._pending(i, inclusive=True))),
+                                  self._ck_term(i, 0.0, _sac(c, i, "loss", tail) - tail)),
                           k1 + (tail + c.input_bytes) * g, cap)
             fplain, fck = c.fwd_own[i]  # its own forward peak (`Scenario.forward_bytes`)
-            self._mem(i, _add(_add(_add(live, a0), self._pending(i, inclusive=True)), self._ck_term(i, fck - fplain)),
+            self._mem(i, _add(_add(_add(live, a0), self._pending(i, inclusive=True)),
+                              self._ck_term(i, fck - fplain, _sac(c, i, "fwd_own", fplain) - fplain)),
                       k0 + (fplain + c.input_bytes) * g, cap)
         for s in range(n, 2 * n):
             self._backward_rows(s, base, cap)
@@ -533,7 +599,8 @@ class _Build:
         (a0, k0), (a1, k1) = self.A[i], self.A[i + 1]
         pend = _add(_add(live, a0), self._pending(s, inclusive=True))
         inp = c.input_bytes + (c.root_grad if holds_root_grad(i, n) else 0)  # `sim.memory.root_grad_bytes`
-        start = _add(_add(_add(pend, u), held_rs), self._ck_term(i, c.ck_start[i] - c.bwd_own[i]))
+        start = _add(_add(_add(pend, u), held_rs), self._ck_term(i, c.ck_start[i] - c.bwd_own[i],
+                                                                 _sac(c, i, "start", c.bwd_own[i]) - c.bwd_own[i]))
         self._mem(s, start, k0 + (c.bwd_own[i] + inp) * g, cap)
         outside = self.p.costs[i].outside_workspace_bytes
         if outside:  # the loss's backward before the unit gathers (`sim.memory` [Note: the loss ...])
@@ -547,10 +614,11 @@ class _Build:
                       k0 + (c.ugrad[i] + inp) * g, cap)
         else:  # module by module (`UnitCost.last_end`, `UnitCost.inner_moments`)
             pl, ck = c.last_end[i]
-            self._mem(s, _add(_add(_add(pend, u), held_rs), self._ck_term(i, ck - pl)), k0 + (pl + inp) * g, cap)
-            for pl, ck, per in self._binding(i):
+            self._mem(s, _add(_add(_add(pend, u), held_rs), self._ck_term(i, ck - pl, _sac(c, i, "last_end", pl) - pl)),
+                      k0 + (pl + inp) * g, cap)
+            for pl, ck, per, sac in self._binding(i):
                 held = self.zexpr(i, {k: per[k] * g for k in self.z[i]})
-                self._mem(s, _add(_add(_add(pend, u), held), self._ck_term(i, (ck or 0) - (pl or 0))),
+                self._mem(s, _add(_add(_add(pend, u), held), self._ck_term(i, (ck or 0) - (pl or 0), (sac or 0) - (pl or 0))),
                           k0 + ((pl or 0) + inp) * g, cap)
         gate = [self.z[i][k] for k in self.z[i] if k.gathers_for_backward]
         if gate:  # counts only for those strategies: gate with big-M on their z
@@ -563,16 +631,24 @@ class _Build:
             self.m.row(_add(terms, {v: big for v in gate}), hi=cap - const + big)
             self.mem_rows.append((s, terms, const, tuple(gate)))
 
-    def _ck_term(self, i: int, delta: float) -> dict:
-        """`delta` bytes (in GiB) when unit i is checkpointed: a term on its binary."""
-        return {self.ck[i]: delta / GiB} if self.ck[i] is not None and delta else {}
+    def _ck_term(self, i: int, delta: float, selective: float = 0.0) -> dict:
+        """`delta` bytes (in GiB) when unit i is checkpointed, `selective` when it is checkpointed
+        selectively: terms on its binaries ([Note: three checkpointing modes in the MILP])."""
+        out = {self.ck[i]: delta / GiB} if self.ck[i] is not None and delta else {}
+        if self.sc[i] is not None and selective:
+            out[self.sc[i]] = selective / GiB
+        return out
 
     def _binding(self, i: int) -> list[tuple]:
         """The inner moments of fused unit i that are the largest for some strategy and
-        checkpointing: a row each is exact ([Note: inner moments as rows])."""
-        rows, keep = self.c.inner[i], set()
+        checkpointing, each (plain, checkpointed, per strategy, selective): a row each is exact
+        ([Note: inner moments as rows])."""
+        sac = self.c.sac[i].inner if self.c.sac[i] else [None] * len(self.c.inner[i])
+        rows = [(*r, sv) for r, sv in zip(self.c.inner[i], sac)]
+        modes = (0,) + ((1,) if self.ck[i] is not None else ()) + ((3,) if self.sc[i] is not None else ())
+        keep = set()
         for k in self.z[i]:
-            for x in ((0, 1) if self.ck[i] is not None else (0,)):
+            for x in modes:
                 vals = [(r[x] + r[2][k], j) for j, r in enumerate(rows) if r[x] is not None]
                 if vals:
                     keep.add(max(vals)[1])
@@ -611,7 +687,10 @@ class _Build:
             x[self.xf[i][ch.fwd[i]]] = 1.0
             if ch.bwd[i] is not None:
                 x[self.xb[i][ch.bwd[i]]] = 1.0
-            if self.ck[i] is not None and ch.ckpt and ch.ckpt[i]:
+            mode = Checkpoint(ch.ckpt[i]) if ch.ckpt else Checkpoint.NONE
+            if self.sc[i] is not None and mode is Checkpoint.SELECTIVE:
+                x[self.sc[i]] = 1.0
+            elif self.ck[i] is not None and mode:
                 x[self.ck[i]] = 1.0
         for y, launch, zs in self.products:
             x[y] = max(0.0, x[launch] + sum(x[v] for v in zs) - 1.0)
@@ -658,7 +737,9 @@ class _Build:
         fwd = tuple(max(self.xf[i], key=lambda l: x[self.xf[i][l]]) for i in range(self.n))
         bwd = tuple(max(self.xb[i], key=lambda l: x[self.xb[i][l]]) if strat[i].gathers_for_backward else None
                     for i in range(self.n))
-        ckpt = tuple(bool(c is not None and x[c] > 0.5) for c in self.ck)
+        # full and none stay booleans, as every solver writes them (`Choice.ckpt`)
+        ckpt = tuple(Checkpoint.SELECTIVE if s is not None and x[s] > 0.5 else bool(c is not None and x[c] > 0.5)
+                     for c, s in zip(self.ck, self.sc))
         return Choice(strat, fwd, bwd, ckpt if any(ckpt) else ())
 
 
@@ -682,15 +763,24 @@ def _new_highs() -> highspy.Highs:
 
 def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | None = None,
           start_seconds: float | None = None, nodes: int = NODES, time_limit: float = math.inf,
-          gap: float = 1e-9) -> MilpResult:
+          gap: float = 1e-9, reliable: int = 8, heuristics: bool = True) -> MilpResult:
     """Optimal schedule of one grouping under `budget` bytes (HiGHS, warm-started), within
     `nodes` branch-and-bound nodes. `time_limit` is a safety cut-off only: a run it stops
-    reports status "time limit reached", and its answer may depend on the machine."""
+    reports status "time limit reached", and its answer may depend on the machine.
+    `reliable`: HiGHS's `mip_pscost_minreliable` (8, its default: strong branching until a
+    column's pseudo-costs rest on 8 branchings; 0: none, `search.Effort.reliable`).
+    `heuristics=False`: no primal heuristics (RINS, RENS, feasibility jump, reduced-cost
+    fixing), for a run that is only after the root node's dual bound (`search._root_bound`)."""
     t0 = time.perf_counter()
     b = _Build(p, budget=budget, ahead=p.n if ahead is None else ahead,
                t_ub=start_seconds if start is not None else None)
     h = _new_highs()
     h.setOptionValue("mip_max_nodes", int(nodes))
+    h.setOptionValue("mip_pscost_minreliable", int(reliable))
+    if not heuristics:
+        h.setOptionValue("mip_heuristic_effort", 0.0)
+        for name in ("rins", "rens", "feasibility_jump", "root_reduced_cost"):
+            h.setOptionValue(f"mip_heuristic_run_{name}", False)
     if math.isfinite(time_limit):
         h.setOptionValue("time_limit", max(0.05, time_limit - (time.perf_counter() - t0)))
     h.setOptionValue("mip_rel_gap", gap)
@@ -736,8 +826,8 @@ def _least_recompute(p: Problem, c: Costs, budget: float) -> float:
     excess = states + sum(c.act) + c.input_bytes - (budget + 4096)  # 4 KiB: the rows match the simulator to 64 B
     if excess <= 0:
         return 0.0
-    saves = sorted((c.fwd[i] / (c.act[i] - c.inp[i]), c.act[i] - c.inp[i]) for i in range(p.n)
-                   if p.can_checkpoint(i) and c.act[i] > c.inp[i])
+    saves = sorted(item for i in range(p.n) if p.can_checkpoint(i) and c.act[i] > c.inp[i]
+                   for item in _recompute_items(c, i))
     seconds = 0.0
     for per_byte, size in saves:
         take = min(size, excess)
@@ -765,3 +855,24 @@ def _gap(status: str, mip_gap: float) -> float | None:
     if math.isfinite(mip_gap):
         return mip_gap
     return 0.0 if status == "optimal" else None
+
+
+def _sac(c: Costs, i: int, field: str, plain: float) -> float:
+    """Unit i's selective `field` (`Selective`), or `plain` where it has no selective form (no term)."""
+    return getattr(c.sac[i], field) if c.sac[i] is not None else plain
+
+
+def _recompute_items(c: Costs, i: int) -> list[tuple[float, int]]:
+    """(seconds per byte, bytes) of the activations unit i can drop, for `_least_recompute`:
+    the lower convex envelope of its recompute seconds against the bytes it drops, through
+    none (0, 0), selective (act - its kept bytes, its seconds) and full (act - inputs, forward).
+    Every choice costs at least the envelope, and a fractional knapsack takes a unit's cheaper
+    segment first, so the bound stays a bound with three modes."""
+    drop = c.act[i] - c.inp[i]
+    sac = c.sac[i]
+    if sac is not None and 0 < c.act[i] - sac.inp < drop:
+        part = c.act[i] - sac.inp
+        first, second = sac.rec / part, (c.rec[i] - sac.rec) / (drop - part)
+        if first <= second:  # selective lies below the line from none to full
+            return [(first, part), (second, drop - part)]
+    return [(c.rec[i] / drop, drop)]

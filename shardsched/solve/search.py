@@ -15,8 +15,9 @@ AllGather launch point within `milp.windows` of its use. Per grouping, in a fixe
   3. the MILP, warm-started from the best start, within a node limit (`Effort`): it never
      returns worse than its start, and HiGHS's dual bound raises the grouping's bound; the
      lead grouping's MILP answer is polished again (`solve.local`), and so is the best plan
-     at the end when another grouping gave it. A lead grouping above `Effort.lead_units` gets
-     its MILP over narrowed launch windows (`Effort.narrow`): a schedule, no bound.
+     at the end when another grouping gave it. A lead grouping above `Effort.lead_units` (20)
+     gets its MILP over narrowed launch windows (`Effort.narrow`): a schedule, no bound; up
+     to `Effort.bound_units` (40) a root-only MILP over the whole window then bounds it.
 The plan's bound is the least bound over every grouping; "optimal" means the plan meets it.
 
 [Note: determinism] Nothing here reads the clock to decide: the groupings, their order,
@@ -40,7 +41,7 @@ from shardsched.solve import milp
 from shardsched.solve.baselines import Scored, score
 from shardsched.solve.candidates import Choice, Problem, _allowed
 from shardsched.solve.greedy import Evaluator, greedy, hoist_uniform, least_memory, recompute_less, upgrade
-from shardsched.solve.local import polish
+from shardsched.solve.local import polish, within
 from shardsched.sim.scenario import default_launch
 from shardsched.plan.units import ROOT, root_strategy
 
@@ -67,10 +68,13 @@ class Effort(NamedTuple):
     def node_limit(self) -> int:
         return max(1, round(self.nodes * self.scale))
 
-    lead_units: int = 40
-    """The grouping with the best start (visited first) gets its MILP up to this size: on a
-    GPT of 24 layers over 512 A100s at 8 GiB the greedy left 2.6 GiB unused at 0.372 s,
-    the MILP found 0.250 s on the same 26 units."""
+    lead_units: int = 20
+    """The grouping with the best start (visited first) gets its MILP over every launch point
+    up to this size, and over narrowed launch windows above it (`narrow`). It was 40: the
+    full-window root node of 23-34 units took 7-15 CPU s of the 10 s target, and at 100 nodes
+    its answer came from the root's heuristics, near the start; narrowed, the same leads take
+    0.4-4 s and their polished answers were as fast or faster (s7: 25 units on 1024 H100s,
+    2.6202 -> 2.5920 s, the 10x search's)."""
 
     def runs_milp(self, p: Problem, *, lead: bool = False) -> bool:
         return p.n <= (self.lead_units if lead else self.milp_units) * self.scale or (lead and self.narrow(p) > 0)
@@ -80,20 +84,49 @@ class Effort(NamedTuple):
     choice but only launch points within about lead_launches / (2n) steps of their use: HiGHS's
     root node is what costs, and it grows with the binaries (a 40-layer GPT's 42 units on 1024
     H100s at 7.4 GiB: 28 s at 23 steps, 7.5 s at 3). That MILP's answer is then polished over the
-    whole window; its dual bound covers only the narrowed space, so it bounds nothing."""
+    whole window; its dual bound covers only the narrowed space, so it bounds nothing. It
+    works as a large move of the local search: strategies of many units change at once."""
 
     def narrow(self, p: Problem) -> int:
         """The narrowed launch window of the lead grouping's MILP (0: full window, or none)."""
         steps = self.lead_launches // (2 * p.n)
         return steps if p.n > self.lead_units * self.scale and steps >= 2 else 0
 
-    local_work: int = 60_000
+    strong_units: int = 20
+    """Groupings of more units (at scale 1) get their MILP without strong branching (HiGHS's
+    `mip_pscost_minreliable` = 0): there only the lead grouping gets a MILP, its 100 nodes end
+    at the root's heuristics (RINS, RENS), and strong branching was half its root's time
+    (full window, 25-29 units: 8 -> 3.5-7 CPU s) for the same schedule and bound on the cases
+    measured, narrowed or not."""
+
+    def reliable(self, p: Problem) -> int:
+        return 8 if p.n <= self.strong_units * self.scale else 0
+
+    local_work: int = 400_000
     """Unit-evaluations of the local search (`solve.local`) per polish at scale 1: a polish of
     a grouping of n units may replay up to local_work / n schedules (each replay is O(n)),
-    about 2 s on the 2-core machine whatever n."""
+    up to about 2 s on the 2-core machine whatever n. It was 60,000 before evaluations got
+    ~8x cheaper (`solve.replay`; the peak only for moves that are faster): the 24-layer GPT of
+    bench/bench_plan_speed.py reaches the 10x search's 0.2013 s at 400,000, 0.2050 s at 240,000."""
 
     def local_evals(self, p: Problem) -> int:
         return int(self.local_work * self.scale) // max(1, p.n)
+
+    bound_units: int = 40
+    """A lead grouping whose MILP is narrowed (`narrow`) and has up to this many units (at
+    scale 1) gets a second MILP for its bound only: the full launch window, the root node, no
+    heuristics, no strong branching (`search._root_bound`; 1-3 CPU s at 25-29 units). Its cuts
+    give the dual bound the full-window MILP gave (the 24-layer GPT: gap 0.02% instead of 19%
+    from `milp.lower_bound`)."""
+
+    halve_units: int = 40
+    """A lead grouping of more units that gets a narrowed MILP gets half the local work per
+    polish: that MILP's root takes 4-6 CPU s (41-64 units) and the 10 s target needs the rest
+    (s7: the same plans on the 41-64-unit cases of `bench_plan_speed.py --random 8`, seeds 0-2)."""
+
+    def lead_effort(self, p: Problem) -> Effort:
+        halve = p.n > self.halve_units * self.scale and self.narrow(p) > 0
+        return self._replace(local_work=self.local_work // 2) if halve else self
 
 
 def ahead_for(n: int) -> int:
@@ -206,20 +239,14 @@ def _polished(p: Problem, s: Scored, *, budget: int) -> Scored:
     return better if better.peak <= budget and better.seconds <= s.seconds else s
 
 
-def _within(p: Problem, ch: Choice, ahead: int) -> Choice:
-    """`ch` with every AllGather launched at most `ahead` steps before its use (`milp.windows`)."""
-    n = p.n
-    return ch._replace(fwd=tuple(max(f, i - ahead) for i, f in enumerate(ch.fwd)),
-                       bwd=tuple(None if b is None else max(b, 2 * n - 1 - i - ahead) for i, b in enumerate(ch.bwd)))
-
-
 def _milp(p: Problem, start: Scored | None, *, budget: int, effort: Effort, left: float,
           notes: list, narrow: int = 0) -> tuple[Scored | None, milp.MilpResult]:
     """The MILP warm-started from `start`; over launch windows of `narrow` steps when > 0 (its
     bound then covers that smaller space only and is dropped: `Effort.lead_launches`)."""
     ahead = narrow or ahead_for(p.n)
-    r = milp.solve(p, budget=budget, ahead=ahead, start=_within(p, start.choice, ahead) if start else None,
-                   start_seconds=start.seconds if start else None, nodes=effort.node_limit(), time_limit=left)
+    r = milp.solve(p, budget=budget, ahead=ahead, start=within(p, start.choice, ahead) if start else None,
+                   start_seconds=start.seconds if start else None, nodes=effort.node_limit(), time_limit=left,
+                   reliable=effort.reliable(p))
     if narrow:
         r = r._replace(bound=0.0)
     if r.choice is None:
@@ -229,6 +256,16 @@ def _milp(p: Problem, start: Scored | None, *, budget: int, effort: Effort, left
         notes.append(f"MILP schedule rejected: simulated peak {s.peak} > budget {budget}")
         return None, r
     return s, r
+
+
+def _root_bound(p: Problem, best: Scored | None, *, budget: int, left: float) -> float:
+    """HiGHS's dual bound on the grouping over its whole declared space (every launch point),
+    after the root node's cuts; no schedule is sought (`Effort.bound_units`)."""
+    ahead = ahead_for(p.n)
+    r = milp.solve(p, budget=budget, ahead=ahead, start=within(p, best.choice, ahead) if best else None,
+                   start_seconds=best.seconds if best else None, nodes=1, time_limit=left, reliable=0,
+                   heuristics=False)
+    return r.bound
 
 
 def local_polish(p: Problem, s: Scored | None, *, budget: int, effort: Effort) -> Scored | None:
@@ -251,9 +288,8 @@ def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Eff
     lb = milp.lower_bound(p, budget)
     if start is not None and start.seconds <= lb * (1 + OPTIMAL_TOL):
         return Outcome(start, start.seconds)  # the start meets the bound: optimal, nothing to solve
-    if lead and effort.narrow(p):  # its MILP does the wide moves: half the local work (CPU target)
-        effort = effort._replace(local_work=effort.local_work // 2)
     if lead:
+        effort = effort.lead_effort(p)
         start = local_polish(p, start, budget=budget, effort=effort)
     if lb >= incumbent or not effort.runs_milp(p, lead=lead) or (start is None and p.n > FULL_WINDOW_UNITS):
         return Outcome(start, lb)  # closed by the bound, or left to the bound (size rule)
@@ -267,6 +303,10 @@ def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Eff
     best = min((s for s in (start, found) if s is not None), key=lambda s: (s.seconds, s.name != "highs"),
                default=None)
     bound = max(lb, r.bound)
+    if lead and effort.narrow(p) and p.n <= effort.bound_units * effort.scale:
+        left = deadline - time.perf_counter()
+        if left > 0:
+            bound = max(bound, _root_bound(p, best, budget=budget, left=left))
     return Outcome(best, min(bound, best.seconds) if best else bound, r)
 
 

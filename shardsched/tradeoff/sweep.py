@@ -99,7 +99,7 @@ def composition(plan: Plan | None, cluster: Cluster) -> dict[str, int]:
     counts["n_ckpt"] = 0
     for u in plan.units if plan else ():
         counts[f"n_{u.strategy.value}"] = counts.get(f"n_{u.strategy.value}", 0) + 1
-        counts["n_ckpt"] += u.checkpoint
+        counts["n_ckpt"] += bool(u.checkpoint)
     return counts
 
 
@@ -110,7 +110,7 @@ def mix_label(plan: Plan | None) -> str:
     counts: dict[str, int] = {}
     for u in plan.units:
         counts[u.strategy.label] = counts.get(u.strategy.label, 0) + 1
-    ck = sum(u.checkpoint for u in plan.units)
+    ck = sum(bool(u.checkpoint) for u in plan.units)
     return ", ".join([f"{k} {v}" for k, v in counts.items()] + ([f"ckpt {ck}"] if ck else []))
 
 

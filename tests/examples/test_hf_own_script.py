@@ -38,7 +38,7 @@ def test_cli_plan_runs_in_own_torchrun_script(plan_path):
     m = re.search(r"(\d+) units \((.*?)\); loss ([\d.]+) -> ([\d.]+)", r.stdout)
     assert m, r.stdout
     assert int(m.group(1)) == len(plan.units)
-    assert m.group(2).split(", ") == [u.strategy.value + ("+ckpt" if u.checkpoint else "") for u in plan.units]
+    assert m.group(2).split(", ") == [u.strategy.value + u.checkpoint.suffix for u in plan.units]
     first, last = float(m.group(3)), float(m.group(4))
     assert abs(first - 6.238) < 0.3 and last < first - 1.0  # ln(512) = 6.238 at start; it learns
 

@@ -10,6 +10,8 @@ one worker's inputs from it, deterministically. The families cover how users wri
   children), the loss in the root;
 - "mixer": an MLP-Mixer (token- and channel-mixing MLPs with LayerNorm and residual adds).
 Any of them may sit one attribute deep in a wrapper module (`self.m = Model(...)`).
+Plans: uniform or mixed strategies, each word checkpointed or not (`+ckpt`, or selectively
+`+sac`, issue 18), fused or not; auto at budgets from the least-memory plan's peak up.
 
 `measure(spec, plan_spec)` traces the model's profile as `train` does for `python:` models,
 makes the plan, runs two steps of it under FSDP2 on a fake process group (one process
@@ -17,6 +19,7 @@ standing for a worker of `world`), and returns (predicted, measured) peak bytes.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -252,8 +255,17 @@ def draw_plan(rng: random.Random) -> PlanSpec:
     if kind == "mixed":  # some layers get another strategy, checkpointed or not
         other = rng.choice(WORDS)
         other += "+ckpt" if other != "replicate" and rng.random() < 0.5 else ""
-        return PlanSpec(spec, world, rng.random() < 0.5, other=other, first=rng.randint(0, 2), every=rng.randint(1, 3))
-    return PlanSpec(spec, world, rng.random() < 0.5)
+        return _selective(rng, PlanSpec(spec, world, rng.random() < 0.5, other=other, first=rng.randint(0, 2),
+                                        every=rng.randint(1, 3)))
+    return _selective(rng, PlanSpec(spec, world, rng.random() < 0.5))
+
+
+def _selective(rng: random.Random, ps: PlanSpec) -> PlanSpec:
+    """Each checkpointed word checkpointed selectively (`+sac`) half the time; drawn last, so
+    every other draw of a seed is what it was before `+sac` existed."""
+    words = [w if not w.endswith("+ckpt") or rng.random() < 0.5 else w.removesuffix("+ckpt") + "+sac"
+             for w in (ps.strategy, ps.other)]
+    return dataclasses.replace(ps, strategy=words[0], other=words[1])
 
 
 def draw_case(seed: int) -> tuple[Spec, PlanSpec]:

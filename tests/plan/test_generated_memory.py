@@ -3,7 +3,7 @@
 Hypothesis draws seeds; each seed is one random model (causal LMs with vocabularies
 256..64k, tied or untied heads, the loss in the root or in a child, `nn.Sequential` or custom
 MLPs, blocks applied repeatedly, wrappers; BatchNorm/GroupNorm CNNs; MLP-Mixers) and one
-random plan (every strategy, checkpointing, mixed strategies, fused units, auto at budgets
+random plan (every strategy, checkpointing whole-layer or selective, mixed strategies, fused units, auto at budgets
 from the least-memory plan's peak to twice it), run under FSDP2 on a fake process group and
 measured by FSDPMemTracker (tests/plan/_generated.py). A fixed sample of 50 runs here; the
 benchmark `bench/bench_generated_memory.py --cases 500` prints the distribution.

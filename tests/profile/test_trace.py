@@ -24,6 +24,8 @@ def test_traced_equals_analytic_bytes_and_params():
         assert (t.name, t.params, t.dims, t.activation_bytes) == (a.name, a.params, a.dims, a.activation_bytes)
         assert [(c.name, c.params, c.activation_bytes) for c in t.children] == \
             [(c.name, c.params, c.activation_bytes) for c in a.children]
+        # what selective checkpointing keeps: matmul and attention outputs (runtime/sac.py)
+        assert [x.selective_saved_bytes for x in (t, *t.children)] == [x.selective_saved_bytes for x in (a, *a.children)]
     block = traced.layers[1]  # matmul FLOPs: 2 per weight per token forward, twice that backward
     weights = sum(n for d0, n in block.dims if d0 != n)
     assert block.forward_flops["matmul"] == 2 * weights * 64

@@ -1,0 +1,52 @@
+"""The search's table-driven step seconds (`solve.replay.Replay`) against the simulator's
+replay: the same float on random schedules (strategies, launch points, checkpointing), with
+communication beside compute and blocking it, across nodes, and on a plan that runs on DDP."""
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from shardsched.core.types import Optimizer, Precision, Strategy
+from shardsched.cost.device import DEVICES, Cluster
+from shardsched.models.gpt_config import GPTConfig
+from shardsched.profile.analytic import analytic_profile
+from shardsched.sim.timeline import replay
+from shardsched.solve.candidates import Choice, candidate_problems
+from shardsched.solve.replay import Replay
+
+from tests.solve.test_milp_vs_brute import CLUSTER, KW, OVERLAP, random_choice, synth
+
+# FSDP2's host work per unit and per tensor (calibrated devices have it; the presets do not)
+A100 = Cluster(world=64, gpus_per_node=8, device=dataclasses.replace(DEVICES["a100"], unit_overhead_seconds=2e-4,
+                                                                    tensor_overhead_seconds=1e-5))
+
+
+def problems(cluster: Cluster, **kw):
+    if cluster is A100:  # FSDP2's host work in the units' seconds, node-aware strategies
+        prof = analytic_profile(GPTConfig(vocab=32000, layers=6, hidden=1024, heads=16, seq=1024), micro_batch=1,
+                                seq=1024, device=cluster.device)
+        return candidate_problems(prof, cluster, **{**KW, **kw})
+    return [p for seed in (0, 1) for p in candidate_problems(synth(5, seed, ckpt_saves=True), cluster, **{**KW, **kw})]
+
+
+@pytest.mark.parametrize("cluster", [OVERLAP, CLUSTER, A100], ids=["overlap", "blocking", "a100-nodes"])
+def test_replay_tables_equal_the_simulator(cluster):
+    r, checked = random.Random(0), 0
+    for p in problems(cluster):
+        fast = Replay(p)
+        for _ in range(40):
+            ch = random_choice(p, r)
+            assert fast.seconds(ch) == replay(p.scenario(ch)).step_seconds
+            checked += 1
+    assert checked >= 80
+
+
+def test_a_plan_on_ddp_is_priced_as_ddp():
+    """All-replicate fp32 runs on DDP, without FSDP2's host work (`Scenario.on_ddp`)."""
+    p = problems(A100, precision=Precision.FP32, optimizer=Optimizer.ADAM)[0]
+    ch = Choice((Strategy.REPLICATE,) * p.n, tuple(range(p.n)), (None,) * p.n, ())
+    sc = p.scenario(ch)
+    assert sc.on_ddp
+    assert Replay(p).seconds(ch) == replay(sc).step_seconds
