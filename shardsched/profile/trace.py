@@ -26,6 +26,7 @@ import logging
 import math
 import sys
 import warnings
+import weakref
 from collections import defaultdict
 from typing import Any, Sequence
 
@@ -172,7 +173,7 @@ class _Stats:
         self.sac_seen: dict = {}  # storages counted in `sac_saved` -> the keys that counted them
         self.sac_outside: dict[str, int] = defaultdict(int)  # `LayerProfile.selective_outside_input_bytes`
         self.sac_read_outside: set = set()  # storages counted there
-        self.sac_alive: list = []  # those storages, alive through forward (no StorageImpl reuse)
+        self.sac_forward = True  # the traced forward runs (`_sac_read_outside`)
 
 
 class _Tracer:
@@ -298,7 +299,7 @@ class _Counter(fc.FlopCounterMode):
     def _sac_read_outside(self, ins: list[torch.Tensor]) -> None:
         """Saved outputs that code outside every layer reads (`selective_outside_input_bytes`)."""
         st = self.tracer.stats
-        if not st.sac_alive:  # forward is over: their storages are freed, their keys reused
+        if not st.sac_forward:  # forward is over: their storages are freed, their keys reused
             return
         for t in ins:
             k = _storage_key(t)
@@ -312,7 +313,9 @@ class _Counter(fc.FlopCounterMode):
         st = self.tracer.stats
         fresh = list({_storage_key(t): t for t in outs if _storage_key(t) not in st.sac_seen}.values())
         st.sac_seen.update((_storage_key(t), keys) for t in fresh)
-        st.sac_alive += fresh
+        for t in fresh:  # forget a storage when it dies (its key may be reused); keeping it alive
+            # instead would hold bytes the live-bytes windows then count ([Note: exit windows])
+            weakref.finalize(t.untyped_storage(), st.sac_seen.pop, _storage_key(t), None)
         for k in keys:
             st.sac_saved[k] += _nbytes(fresh)
 
@@ -403,7 +406,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
                 loss = loss_of(torch.func.functional_call(model, state, fake_inputs, tie_weights=True))
             ws.close_exits()  # the loss is computed: backward is not code between modules
             kept.clear()  # the graph holds what backward needs; activations must free as it runs
-            tracer.stats.sac_alive.clear()
+            tracer.stats.sac_forward = False
             loss.backward()
     except UsageError:
         raise
