@@ -8,8 +8,9 @@ from the least-memory plan's peak to twice it), run under FSDP2 on a fake proces
 measured by FSDPMemTracker (tests/plan/_generated.py). A fixed sample of 50 runs here; the
 benchmark `bench/bench_generated_memory.py --cases 500` prints the distribution.
 
-What is asserted is what holds today (`--cases 500 --seed 10000`: 98% within 3%, -2.1..+7.8%),
-and it is not yet the issue's goal of 3% on every case and no auto plan over its budget:
+What is asserted is what holds today (`--cases 500 --seed 10000`, session 7: 99% within 3%,
+97% within 1%, -2.0..+7.8%, 6 of 212 auto plans over their budget by 0.2-1.0%), and it is not
+yet the issue's goal of 3% on every case and no auto plan over its budget:
 - every plan runs, and auto plans never exceed their budget by more than BUDGET_SLACK;
 - no prediction is more than UNDER below the measured peak (the dangerous side: a plan that
   says it fits and does not), none more than OVER above it, and at least INSIDE_3 of the
@@ -21,10 +22,10 @@ from hypothesis import HealthCheck, given, seed, settings
 
 from ._generated import cases, measure
 
-UNDER = 0.03   # 500 cases (seeds 10000..10499): -2.1% at worst
-OVER = 0.10    # +7.8% at worst
-INSIDE_3 = 0.90  # 98% there
-BUDGET_SLACK = 0.02  # 15 of 212 auto plans over their budget, by 1.44% at most
+UNDER = 0.025  # 500 cases (seeds 10000..10499): -2.0% at worst
+OVER = 0.08    # +7.8% at worst
+INSIDE_3 = 0.95  # 99% there
+BUDGET_SLACK = 0.01  # 6 of 212 auto plans over their budget, by 1.0% at most
 SAMPLE = 50
 _seen: list[dict] = []
 
