@@ -256,7 +256,8 @@ def _mb(live: _Live, *, unsharded=0, grads=0, act=0, comm=0, opt_extra=0) -> Mem
 def _forward(live: _Live, i: int) -> list[MemoryBreakdown]:
     sc, s = live.sc, i
     held_prev = live.held_ag[i - 1] if i > 0 else 0
-    copyout = _mb(live, unsharded=live.unsharded_live(s), act=live.activations(i - 1) + sc.units[i].entry_bytes,
+    entry = sc.units[i].entry_after_checkpointed() if i and sc.ckpt(i - 1) else sc.units[i].entry_bytes
+    copyout = _mb(live, unsharded=live.unsharded_live(s), act=live.activations(i - 1) + entry,
                   comm=held_prev + live.agbuf[i] + live.pending_gathers(s, include_launched_here=False))
     # Forward transients: the tensor being produced next to what is saved, about the
     # largest saved one (half the backward workspace, which is two of them).

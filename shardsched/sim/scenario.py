@@ -102,6 +102,12 @@ class UnitCost:
         out = self.layer_bytes[-1].out if self.layer_bytes else 0
         return out - self.outside_activation_bytes
 
+    def entry_after_checkpointed(self) -> int:
+        """Its input live at its copy-out when the unit before it recomputes (full or selective):
+        `entry_bytes` is the plain trace's, where the layer before may have saved its output (a
+        ReLU, a pooling); checkpointed, nothing did (a CNN after a selective block: 2% under)."""
+        return max(self.entry_bytes, self.layer_bytes[0].inp if self.layer_bytes else 0)
+
     def after_forward(self) -> int:
         """Beyond what is saved, what lives once its forward is over, before the next unit's
         copy-out, next to its held AllGather output: the code after it, measured ([Note: exit

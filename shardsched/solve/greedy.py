@@ -88,7 +88,8 @@ class Evaluator:
             lead = _own(c, i, x, unit.lead_activation_bytes, unit.checkpointed_lead_bytes, "lead")
             extra = extra_gather(unit, ch.strategies[i]) * unsh[i] + (lead if len(unit.layers) > 1 else 0)
             after = unit.after_forward()  # the code after it (the loss), after the unit reshards
-            out.append(pers + U[i] + max(unsh[i] + ag[i] + prev + self.act[i] + unit.entry_bytes + exc[i],
+            entry = unit.entry_after_checkpointed() if i and modes[i - 1] else unit.entry_bytes
+            out.append(pers + U[i] + max(unsh[i] + ag[i] + prev + self.act[i] + entry + exc[i],
                                          u + extra + self.act[i] + inc[i],
                                          u + self.act[i] + _own(c, i, x, *c.fwd_own[i], "fwd_own") + inc[i],
                                          held[i] + hag[i] + self.act[i + 1] + inc[i]

@@ -564,7 +564,9 @@ class _Build:
             live = _add(_add(base, {self.U[i]: 1.0}), _add(unsh, {held_ag[i]: 1.0}))
             (a0, k0), (a1, k1) = self.A[i], self.A[i + 1]
             copyout = _add(_add(base, {self.U[i]: 1.0}), _add(unsh, ag))
-            self._mem(i, _add(_add(_add(copyout, prev), a0), self._pending(i, inclusive=False)),
+            d = unit.entry_after_checkpointed() - unit.entry_bytes  # when unit i-1 recomputes
+            after_ck = self._ck_term(i - 1, d, d) if i else {}
+            self._mem(i, _add(_add(_add(copyout, prev), a0), _add(self._pending(i, inclusive=False), after_ck)),
                       k0 + (unit.entry_bytes + c.input_bytes) * g, cap)
             if len(unit.layers) > 1:  # its last module starts (and gathers again when it reshards)
                 self._mem(i, _add(_add(_add(live, extra), a0), self._pending(i, inclusive=True)),
