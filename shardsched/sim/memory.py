@@ -67,15 +67,13 @@ def extra_gather(unit, strategy: Strategy) -> int:
     return 1 if strategy.gathers_for_backward and len(unit.layers) > 1 else 0
 
 
-def held_gathers(agbuf: list[int]) -> list[int]:
-    """Per unit: the AllGather output held while it runs forward, its own. FSDP2 keeps a
-    forward AllGather's output until the next copy-out (`FSDPParamGroup.wait_for_unshard`,
-    [Note: Overlapping all-gather copy-in and all-gather]), where it lives next to the new
-    unit's AllGather output and unsharded parameters (as FSDPMemTracker measures it). A
-    replicate unit (a shard group of one) runs that copy-out too, so the output is freed there
-    and does not live on through replicate units: torch 2.13 (passing it on was 3.5% over on a
-    Mixer whose head followed a replicate norm)."""
-    return list(agbuf)
+# [Note: the held AllGather output]
+# FSDP2 keeps a unit's forward AllGather output until the next unit's copy-out
+# (`FSDPParamGroup.wait_for_unshard`, [Note: Overlapping all-gather copy-in and all-gather]),
+# where FSDPMemTracker sees it next to the new unit's AllGather output and unsharded
+# parameters. A replicate unit (a shard group of one) runs that copy-out too, so the output
+# is freed there and does not live on through replicate units (torch 2.13; passing it on was
+# 3.5% over on a Mixer whose head followed a replicate norm).
 
 
 def root_grad_bytes(sc: Scenario) -> int:
@@ -167,8 +165,8 @@ class _Live:
         # A replicate unit is a shard group of one: FSDP2 copies its shards straight into
         # the unsharded parameters (`FSDPParamGroup.unshard` / `wait_for_unshard`,
         # `world_size == 1`): no AllGather output exists and none is held over.
+        # [Note: the held AllGather output]: each unit's forward output is held until the next copy-out.
         self.agbuf = [forward_gathers(u, s) * b for u, s, b in zip(sc.units, sc.strategies, self.unsharded)]
-        self.held_ag = held_gathers(self.agbuf)
         self.root_grad = root_grad_bytes(sc)
         # Launched-but-unused AllGathers (prefetches) are counted at the world's padding
         # for every strategy, as the MILP counts them (linear in its launch variables);
@@ -179,7 +177,7 @@ class _Live:
         self.ddp = sc.on_ddp  # [Note: plans that run on DDP]
         if self.ddp:
             zero = [0] * sc.n
-            self.rsbuf, self.agbuf, self.pend, self.rs_kept, self.held_ag = zero, zero, zero, zero, zero
+            self.rsbuf, self.agbuf, self.pend, self.rs_kept = zero, zero, zero, zero
             # only a tied tensor's gradient waits (for its second use) outside the bucket
             self.root_grad = sc.root_tied_numel * sb.unsharded_grad if sc.units[0].layers == ("",) else 0
             if self.root_grad or sc.units[0].layers == ("",):
@@ -255,21 +253,21 @@ def _mb(live: _Live, *, unsharded=0, grads=0, act=0, comm=0, opt_extra=0) -> Mem
 
 def _forward(live: _Live, i: int) -> list[MemoryBreakdown]:
     sc, s = live.sc, i
-    held_prev = live.held_ag[i - 1] if i > 0 else 0
+    held_prev = live.agbuf[i - 1] if i > 0 else 0
     entry = sc.units[i].entry_after_checkpointed() if i and sc.ckpt(i - 1) else sc.units[i].entry_bytes
     copyout = _mb(live, unsharded=live.unsharded_live(s), act=live.activations(i - 1) + entry,
                   comm=held_prev + live.agbuf[i] + live.pending_gathers(s, include_launched_here=False))
     # Forward transients: the tensor being produced next to what is saved, about the
     # largest saved one (half the backward workspace, which is two of them).
     compute = _mb(live, unsharded=live.unsharded_live(s), act=live.activations(i - 1) + sc.forward_bytes(i),
-                  comm=live.held_ag[i] + live.pending_gathers(s, include_launched_here=True))
+                  comm=live.agbuf[i] + live.pending_gathers(s, include_launched_here=True))
     moments = [copyout, compute]
     after = sc.units[i].after_forward()
     if after:  # the code after it ([Note: exit windows]; the loss: [Note: the loss before the
         # unit's backward], in forward), after the unit reshards, its AllGather output held
         held = live.unsharded_live(s) if live.ddp else live.unsharded_live(s, exclude=i) + live.held[i]
         moments.append(_mb(live, unsharded=held, act=live.activations(i) + after,
-                           comm=live.held_ag[i] + live.pending_gathers(s, include_launched_here=True)))
+                           comm=live.agbuf[i] + live.pending_gathers(s, include_launched_here=True)))
     if len(sc.units[i].layers) > 1:
         # Its last module starts with the others' activations and its input live. Units
         # that reshard after forward gather again there while the unit's first AllGather
@@ -277,7 +275,7 @@ def _forward(live: _Live, i: int) -> list[MemoryBreakdown]:
         # copy-out); the prefetches launched at the unit's first module are in flight.
         extra = extra_gather(sc.units[i], sc.strategies[i])
         moments.append(_mb(live, unsharded=live.unsharded_live(s), act=live.activations(i - 1) + sc.lead_bytes(i),
-                           comm=live.held_ag[i] + extra * live.agbuf[i]
+                           comm=(1 + extra) * live.agbuf[i]
                            + live.pending_gathers(s, include_launched_here=True)))
     return moments
 

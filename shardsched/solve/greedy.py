@@ -24,7 +24,7 @@ import numpy as np
 from shardsched.core.types import Checkpoint, GradSync
 from shardsched.cost.memory import state_bytes
 from shardsched.solve.candidates import Choice, Problem
-from shardsched.sim.memory import extra_gather, forward_gathers, held_gathers, holds_root_grad
+from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad
 from shardsched.solve.milp import FS, FSN, HS, HSGO, REP, SGO, costs_of
 from shardsched.solve.replay import Replay
 
@@ -80,9 +80,8 @@ class Evaluator:
         self.act = np.concatenate([[0], np.cumsum(kept)]).astype(np.float64)
         inc, exc = self._pending(ch, n)
         out = []
-        hag = held_gathers(list(ag))  # the AllGather output held in each unit's forward
         for i in range(n):
-            u, prev = unsh[i] + hag[i], hag[i - 1] if i else 0.0
+            u, prev = unsh[i] + ag[i], ag[i - 1] if i else 0.0  # each holds its own AllGather output
             unit = self.p.costs[i]
             x = modes[i]
             lead = _own(c, i, x, unit.lead_activation_bytes, unit.checkpointed_lead_bytes, "lead")
@@ -92,7 +91,7 @@ class Evaluator:
             out.append(pers + U[i] + max(unsh[i] + ag[i] + prev + self.act[i] + entry + exc[i],
                                          u + extra + self.act[i] + inc[i],
                                          u + self.act[i] + _own(c, i, x, *c.fwd_own[i], "fwd_own") + inc[i],
-                                         held[i] + hag[i] + self.act[i + 1] + inc[i]
+                                         held[i] + ag[i] + self.act[i + 1] + inc[i]
                                          + _own(c, i, x, after, after, "loss") if after else 0))
         rs = [(c.rs_by[i][s], c.rs_kept_by[i][s]) for i, s in enumerate(ch.strategies)]
         for s in range(n, 2 * n):

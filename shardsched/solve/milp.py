@@ -342,7 +342,6 @@ class _Build:
         self.tscale = max(sum(comp), 1e-12)  # times ~1: tolerances are relative to the step
         self.comp = [t / self.tscale for t in comp]
         self.aux_defs: list[tuple[int, dict, float]] = []
-        self.held_defs: list[tuple] = []  # (H column, its own AllGather terms): `_held_gathers`
         self.products: list[tuple[int, int, tuple[int, ...]]] = []  # (column, launch col, z cols)
         self._decisions()
         self.t_ub = (t_ub / self.tscale) * (1 + 1e-7) + 1e-9 if t_ub is not None else self._serial_bound()
@@ -518,19 +517,6 @@ class _Build:
                                                              _sac(c, i, "inp", c.act[i]) - c.act[i]))): 1.0}
             self.A.append((terms, const + c.act[i] * g))
 
-    def _held_gathers(self) -> list[int]:
-        """H[i] (GiB): the AllGather output held in unit i's forward (`sim.memory.held_gathers`):
-        H[i] >= its own. Only a lower bound: H appears with a positive sign in rows <= budget,
-        so its least value, the exact one, is always as feasible."""
-        c, g, out = self.c, 1.0 / GiB, []
-        for i in range(self.n):
-            unit, h = self.p.costs[i], self.m.var(0.0, math.inf)
-            own = self.zexpr(i, {k: forward_gathers(unit, k) * c.unsh_by[i][k] * g for k in self.z[i]})
-            self.m.ge({h: 1.0}, own)
-            self.held_defs.append((h, own))
-            out.append(h)
-        return out
-
     def _pending(self, s: int, *, inclusive: bool) -> dict:
         """AllGather outputs launched (before / at) s and used after s."""
         n, g, out = self.n, 1.0 / GiB, {}
@@ -550,18 +536,20 @@ class _Build:
         cap = budget * g - MEMORY_MARGIN_GIB
         self.mem_rows: list[tuple] = []  # (step, terms, const, gate column or None), for tests
         base = {self.PP: 1.0, self.PO: 1.0}
-        held_ag = self._held_gathers()
+        # the AllGather output each unit holds in its forward: its own (`sim.memory`
+        # [Note: the held AllGather output])
+        held_ag = [self.zexpr(i, {k: forward_gathers(u, k) * c.unsh_by[i][k] * g for k in self.z[i]})
+                   for i, u in enumerate(self.p.costs)]
         for i in range(n):
-            # Its unsharded parameters and the AllGather output held while it runs (its own, or
-            # for a replicate unit the last one gathered: `sim.memory.held_gathers`); at its
-            # copy-out its own AllGather output next to the one held before.
+            # Its unsharded parameters and its AllGather output while it runs; at its copy-out
+            # its AllGather output next to the one held before.
             unit = self.p.costs[i]
             unsh = self.zexpr(i, {k: c.unsh_by[i][k] * g for k in self.z[i]})
-            ag = self.zexpr(i, {k: forward_gathers(unit, k) * c.unsh_by[i][k] * g for k in self.z[i]})
+            ag = held_ag[i]
             extra = self.zexpr(i, {k: extra_gather(unit, k) * c.unsh_by[i][k] * g for k in self.z[i]})
             extra = _add(extra, self._ck_term(i, c.cklead[i] - c.lead[i], _sac(c, i, "lead", c.lead[i]) - c.lead[i]))
-            prev = {held_ag[i - 1]: 1.0} if i else {}
-            live = _add(_add(base, {self.U[i]: 1.0}), _add(unsh, {held_ag[i]: 1.0}))
+            prev = held_ag[i - 1] if i else {}
+            live = _add(_add(base, {self.U[i]: 1.0}), _add(unsh, ag))
             (a0, k0), (a1, k1) = self.A[i], self.A[i + 1]
             copyout = _add(_add(base, {self.U[i]: 1.0}), _add(unsh, ag))
             d = unit.entry_after_checkpointed() - unit.entry_bytes  # when unit i-1 recomputes
@@ -573,7 +561,7 @@ class _Build:
                           k0 + (c.lead[i] + c.input_bytes) * g, cap)
             tail = unit.after_forward()
             if tail:  # the code after it, the unit resharded (`sim.memory`, [Note: exit windows])
-                after = _add(self.zexpr(i, {k: c.held[i][k] * g for k in self.z[i]}), {held_ag[i]: 1.0})
+                after = _add(self.zexpr(i, {k: c.held[i][k] * g for k in self.z[i]}), ag)
                 # a selective form's is less (`_sac`): it keeps the loss's input
                 self._mem(i, _add(_add(_add(_add(base, {self.U[i]: 1.0}), after), _add(a1, self._pending(i, inclusive=True))),
                                   self._ck_term(i, 0.0, _sac(c, i, "loss", tail) - tail)),
@@ -698,8 +686,6 @@ class _Build:
             x[y] = max(0.0, x[launch] + sum(x[v] for v in zs) - 1.0)
         for v, terms, const in self.aux_defs:
             x[v] = const + sum(c * x[k] for k, c in terms.items())
-        for h, own in self.held_defs:
-            x[h] = sum(c * x[k] for k, c in own.items())
         self._start_times(x)
         return x
 
