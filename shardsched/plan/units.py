@@ -147,6 +147,21 @@ def _as_selective(layer: LayerProfile) -> LayerProfile:
 # order, cannot express (a Transformer block run three times, split into its children, ran
 # 11% above its prediction).
 
+# [Note: a repeated module's later calls]
+# FSDP2 (torch 2.13) runs a module's pre- and post-backward at every call: the post-backward
+# after its last call's backward reshards it (shard_grad_op too), so the backward of each
+# earlier call gathers it again. Its copy-out holds the AllGather output and the unsharded
+# parameters next to the activations of the calls not yet done, the gradient of the call's
+# output, and the gradient the done calls produced: autograd keeps it in the input buffer of
+# the parameter's one AccumulateGrad, run after its first call's backward (FSDPMemTracker:
+# "Temp" grows by the module's parameters). As the call computes, its workspace is that of
+# the later calls' windows (`LayerProfile.recall_workspace_bytes`): the first call's window
+# holds the gradient it produces, a later call's adds each parameter's share into that
+# buffer as it comes. Adding the whole gradient on top of the workspace instead was 6-8%
+# over on twice-applied blocks (DDP, full_shard). A block applied three times under shard_grad_op
+# ran 4.2% above its prediction, and over its budget, without this moment
+# (`UnitCost.recall_bytes`, a moment in `sim.memory`, a row in the MILP).
+
 def recomputed_bytes(layer: LayerProfile) -> int:
     """Live bytes of a checkpointed layer while one of its calls is recomputed."""
     c = max(1, layer.calls)
@@ -165,6 +180,8 @@ class LayerBytes(NamedTuple):
     ck_produced: int   # checkpointed: forward transient on top of its kept inputs
     inp: int = 0       # its (one call's) inputs: live when it starts, checkpointed or not
     out: int = 0       # its output: the gradient its backward receives is this size
+    calls: int = 1     # forward calls ([Note: repeated modules])
+    recall_ws: int = 0  # a repeated layer's later calls' workspace (`LayerProfile.recall_workspace_bytes`)
 
 
 def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
@@ -183,7 +200,8 @@ def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
         produced = max(produced, (ows if inner else 0) // 2)
         out.append(LayerBytes(kept_when_checkpointed(layer), layer.activation_bytes, ws + (ows if inner else 0),
                               layer.params, recomputed_bytes(layer), produced, max(ck_produced, produced),
-                              layer.input_bytes // max(1, layer.calls), layer.output_bytes))
+                              layer.input_bytes // max(1, layer.calls), layer.output_bytes, max(1, layer.calls),
+                              layer.recall_workspace_bytes or ws))
     return tuple(out)
 
 

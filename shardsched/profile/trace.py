@@ -161,6 +161,7 @@ class _Stats:
         self.forward_peak: dict[str, int] = defaultdict(int)  # measured, [Note: forward windows]
         self.forward_nosave: dict[str, int] = defaultdict(int)  # the same, saving nothing
         self.exit: dict[str, int] = defaultdict(int)  # measured, [Note: exit windows]
+        self.recall: dict[str, int] = defaultdict(int)  # repeated modules' later calls' windows
         self.output: dict[str, int] = defaultdict(int)  # `LayerProfile.output_bytes`
         self.forward_sac: dict[str, int] = defaultdict(int)  # the same, keeping what SAC stores
         self.outside: dict[str, int] = defaultdict(int)  # `LayerProfile.outside_bytes`
@@ -419,6 +420,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         tracer.stats.workspace.update(ws.finish())
         tracer.stats.forward_peak.update(ws.forward)
         tracer.stats.exit.update(ws.exit)
+        tracer.stats.recall.update(ws.recall)
         tracer.remove()
     with _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, rules, warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -548,7 +550,7 @@ def _expand(tracer: _Tracer, full: list[str], kids: list[str], stacks) -> None:
     st = tracer.stats
     targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
     plain = (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
-             st.forward_nosave, st.entry, st.sac_saved, st.sac_moved, st.forward_sac, st.sac_outside, st.exit, st.output)
+             st.forward_nosave, st.entry, st.sac_saved, st.sac_moved, st.forward_sac, st.sac_outside, st.exit, st.output, st.recall)
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
                   {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
                   [d.get(src, 0) for d in plain], dict(st.sac_flops.get(src, {}))) for _, src in targets}
@@ -605,19 +607,20 @@ def _fold(stats: _Stats, ran: list[str], final: list[str]) -> None:
         stats.forward_peak[target] = max(stats.forward_peak[target], stats.forward_peak.pop(k, 0))
         stats.forward_nosave[target] = max(stats.forward_nosave[target], stats.forward_nosave.pop(k, 0))
         stats.exit[target] = max(stats.exit[target], stats.exit.pop(k, 0))
+        stats.recall[target] = max(stats.recall[target], stats.recall.pop(k, 0))
         stats.forward_sac[target] = max(stats.forward_sac[target], stats.forward_sac.pop(k, 0))
 
 
 def _workspace(name: str, params: Sequence[nn.Parameter], st: _Stats) -> int:
     """`LayerProfile.workspace_bytes`: the root's is its backward tail as measured (its base
     holds its gradients: [Note: the root's backward tail]); a layer's is its window above
-    the model, and a repeated module's accumulated gradient on top."""
+    the model (a repeated module's: above the gradient its done calls accumulated, which
+    `UnitCost.recall_bytes` counts)."""
     if name == L.ROOT:
         return max(st.workspace.get(ROOT_TAIL, 0), st.workspace.get(L.ROOT, 0))
     # what its outside code saved is freed by that code's backward before its window opens
     return layer_workspace(st.workspace.get(name, 0), st.acts.get(name, 0) - st.outside.get(name, 0),
-                           sum(p.numel() for p in params) * st.itemsize) \
-        + _accumulated_grad(name, params, st)
+                           sum(p.numel() for p in params) * st.itemsize)
 
 
 def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: DeviceSpec,
@@ -634,6 +637,7 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         forward_peak_bytes=st.forward_peak.get(name, 0) if name != L.ROOT else 0,
         checkpointed_forward_bytes=st.forward_nosave.get(name, 0) if name != L.ROOT else 0,
         exit_bytes=st.exit.get(name, 0) if name != L.ROOT else 0, output_bytes=st.output.get(name, 0),
+        recall_workspace_bytes=st.recall.get(name, 0) if st.calls.get(name, 1) > 1 else 0,
         selective_saved_bytes=st.sac_saved.get(name, 0),
         selective_forward_bytes=st.forward_sac.get(name, 0) if name != L.ROOT else 0,
         selective_outside_input_bytes=st.sac_outside.get(name, 0),
@@ -644,14 +648,6 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         backward_flops=bwd,
         forward_moved_bytes=st.moved["fwd"].get(name, 0), backward_moved_bytes=st.moved["bwd"].get(name, 0),
         children=kids)
-
-
-def _accumulated_grad(name: str, params: Sequence[nn.Parameter], st: _Stats) -> int:
-    """A module run several times: the gradient its later calls accumulated is live through
-    the backward of its earlier ones, below every window's base (`profile.workspace`
-    measures above the live bytes at a window's start), so it comes on top of the workspace
-    ([Note: repeated modules] in plan/units.py)."""
-    return sum(p.numel() for p in params) * st.itemsize if st.calls.get(name, 1) > 1 else 0
 
 
 def _unique(params) -> list[nn.Parameter]:

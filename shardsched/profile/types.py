@@ -87,6 +87,11 @@ class LayerProfile:
     """Times its module runs in one forward (ALBERT's shared layer: once per depth).
     Parameters and workspace count once; `activation_bytes` and `input_bytes` are the
     sums over its calls ([Note: repeated modules] in plan/units.py)."""
+    recall_workspace_bytes: int = 0
+    """A repeated module: `workspace_bytes` of its calls after the first to run backward,
+    whose windows start above the gradient the first accumulated (its own is produced into
+    it, not held beside it: [Note: a repeated module's later calls] in plan/units.py). 0 =
+    unknown or not repeated (`workspace_bytes` then stands for it)."""
     children: tuple["LayerProfile", ...] = ()
     """Parameter-holding children, for tensor partitioning of a large layer."""
     dims: tuple[tuple[int, int], ...] = ()

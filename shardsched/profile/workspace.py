@@ -142,6 +142,9 @@ class BackwardWorkspace(TorchDispatchMode):
         self._open: dict[str, list[int]] = {}  # name -> [base, peak]
         self._tail: list[int] | None = None  # [base, peak] once every window has closed
         self.workspace: dict[str, int] = {}
+        self.recall: dict[str, int] = {}
+        """Per repeated module, the most its backward windows after the first held."""
+        self._closed: dict[str, int] = {}
         self._fopen: dict[str, list[int]] = {}  # forward windows: name -> [base, peak]
         self.forward: dict[str, int] = {}
         """Per module, the peak of its forward above the live bytes at its start: its output,
@@ -227,6 +230,9 @@ class BackwardWorkspace(TorchDispatchMode):
     def _close(self, name: str) -> None:
         base, peak = self._open.pop(name)
         self.workspace[name] = max(self.workspace.get(name, 0), peak - base)
+        self._closed[name] = self._closed.get(name, 0) + 1
+        if self._closed[name] > 1:  # a repeated module's later call ([Note: a repeated module's later calls])
+            self.recall[name] = max(self.recall.get(name, 0), peak - base)
         if not self._open:
             self._tail = [self.live, self.live]
 

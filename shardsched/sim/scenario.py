@@ -102,6 +102,28 @@ class UnitCost:
         out = self.layer_bytes[-1].out if self.layer_bytes else 0
         return out - self.outside_activation_bytes
 
+    def recall_bytes(self, grad_bytes: float, *, checkpointed: bool, gathered: bool) -> int:
+        """Its own bytes in the backward of a repeated layer's earlier call ([Note: a repeated
+        module's later calls] in plan/units.py); 0 when no layer of it repeats. Next to the
+        activations (kept bytes when checkpointed) of the layers before it and of its calls not
+        yet done, the gradient its done calls accumulated and the layers after it's gradients
+        (unsharded: an upper bound of their ReduceScatter input and shards): as FSDP2 gathers it
+        again (`gathered`), the gradient of the call's output; as the call computes, its
+        workspace (checkpointed: the call recomputed, `LayerBytes.redo`)."""
+        reps = [k for k, b in enumerate(self.layer_bytes) if b.calls > 1]
+        if not reps:
+            return 0
+        k, bs = reps[-1], self.layer_bytes
+        b = bs[k]
+        before = sum(x.kept if checkpointed else x.act for x in bs[:k])
+        later = sum(int(x.params * grad_bytes) for x in bs[k + 1:])
+        own = b.kept if checkpointed else b.act
+        if gathered:
+            own += b.out - own // b.calls
+        else:
+            own = (b.redo if checkpointed else own - own // b.calls) + b.recall_ws
+        return before + own + int(b.params * grad_bytes) + later
+
     def entry_after_checkpointed(self) -> int:
         """Its input live at its copy-out when the unit before it recomputes (full or selective):
         `entry_bytes` is the plain trace's, where the layer before may have saved its output (a

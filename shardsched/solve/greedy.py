@@ -120,6 +120,11 @@ class Evaluator:
             # `base` counts the root's gradient as held at unit i; the loss runs before the head's
             root = c.root_grad * (holds_root_grad(i, n, outside=True) - holds_root_grad(i, n))
             m = max(m, held[i] + self.act[i + 1] + outside + held_rs + exc[s] + root)
+        for gt, (plain, full) in zip((1, 0), c.recall[i]):  # a repeated layer's earlier call
+            if plain or full:  # gathered again, then computing (`UnitCost.recall_bytes`)
+                sac = c.sac[i].recall[1 - gt] if c.sac[i] is not None else full
+                m = max(m, u + gt * forward_gathers(self.p.costs[i], k) * u + self.act[i]
+                        + (plain, full, sac)[x] + held_rs + inc[s])
         if ch.strategies[i].gathers_for_backward:  # copy-out, its post-forward slice still live
             m = max(m, 2 * u + held[i] + self.act[i + 1] + self.p.costs[i].grad_in_bytes() + held_rs + exc[s])
         return base + m

@@ -202,6 +202,10 @@ class Costs(NamedTuple):
     sac: list
     """Per unit, its selective form's numbers (`Selective`), or None where the Problem offers
     no selective checkpointing ([Note: three checkpointing modes in the MILP])."""
+    recall: list[tuple]
+    """Per unit, its own bytes in the backward of a repeated layer's earlier call, as it is
+    gathered again and as it computes, each (plain, checkpointed) (`UnitCost.recall_bytes`;
+    0: no layer repeats)."""
 
 
 class Selective(NamedTuple):
@@ -218,6 +222,8 @@ class Selective(NamedTuple):
     inner: list | None
     """Own bytes of each of `Costs.inner`'s rows (same keys), None where it has no such moment."""
     rec: float
+    recall: tuple[int, int] = (0, 0)
+    """`UnitCost.recall_bytes` of its selective form: gathered, computing."""
 
 
 # [Note: three checkpointing modes in the MILP]
@@ -263,6 +269,8 @@ def costs_of(p: Problem) -> Costs:
                  ck_start=[ckpt.backward_start(i) for i in range(sc.n)],
                  fwd_own=[(plain.forward_bytes(i), ckpt.forward_bytes(i)) for i in range(sc.n)],
                  bwd_own=[c.backward_peak() for c in p.costs], rs_kept_by=rs_kept_by,
+                 recall=[tuple(tuple(c.recall_bytes(sb.unsharded_grad, checkpointed=ck, gathered=gt)
+                                     for ck in (False, True)) for gt in (True, False)) for c in p.costs],
                  last_end=[tuple(c.last_end(sb.unsharded_grad, checkpointed=ck) for ck in (False, True))
                            if plain.fused(i) else None for i, c in enumerate(p.costs)],
                  inner=inner, inner_most=[_inner_most(rows, s.inner if s else None) for rows, s in zip(inner, sac)],
@@ -291,7 +299,8 @@ def _selective(p: Problem, sb, cl, inner: list) -> list:
                              last_end=c.last_end(sb.unsharded_grad, checkpointed=True) if sc.fused(i) else None,
                              loss=c.after_forward(),
                              inner=[moments[k].own if k in moments else None for k in keys] if fused else None,
-                             rec=c.recompute()))
+                             rec=c.recompute(), recall=tuple(c.recall_bytes(sb.unsharded_grad, checkpointed=True, gathered=gt)
+                                                                for gt in (True, False))))
     return out
 
 
@@ -610,6 +619,12 @@ class _Build:
                 held = self.zexpr(i, {k: per[k] * g for k in self.z[i]})
                 self._mem(s, _add(_add(_add(pend, u), held), self._ck_term(i, (ck or 0) - (pl or 0), (sac or 0) - (pl or 0))),
                           k0 + ((pl or 0) + inp) * g, cap)
+        for gt, (plain, full) in zip((1, 0), c.recall[i]):  # [Note: a repeated module's later calls]
+            if plain or full:  # a repeated layer's earlier call: gathered again, then computing
+                ag = self.zexpr(i, {k: gt * forward_gathers(None, k) * c.unsh_by[i][k] * g for k in self.z[i]})
+                sac = c.sac[i].recall[1 - gt] if c.sac[i] is not None else plain
+                self._mem(s, _add(_add(_add(_add(pend, u), held_rs), ag), self._ck_term(i, full - plain, sac - plain)),
+                          k0 + (plain + inp) * g, cap)
         gate = [self.z[i][k] for k in self.z[i] if k.gathers_for_backward]
         if gate:  # counts only for those strategies: gate with big-M on their z
             own = self.zexpr(i, {k: ((2 * c.unsh_by[i][k] + c.held[i][k]) * g if k.gathers_for_backward else 0.0)

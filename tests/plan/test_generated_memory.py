@@ -18,9 +18,10 @@ yet the issue's goal of 3% on every case and no auto plan over its budget:
 """
 import warnings
 
+import pytest
 from hypothesis import HealthCheck, given, seed, settings
 
-from ._generated import cases, measure
+from ._generated import cases, draw_case, measure
 
 UNDER = 0.025  # 500 cases (seeds 10000..10499): -2.0% at worst
 OVER = 0.08    # +7.8% at worst
@@ -55,3 +56,17 @@ def test_generated_models_and_plans_against_fsdp2():
     print(f"{len(_seen)} cases, {inside:.0%} within 3%")
     assert len(_seen) >= SAMPLE * 0.9  # hypothesis may drop a few duplicate seeds
     assert inside >= INSIDE_3
+
+
+@pytest.mark.parametrize("k", [10150, 10154, 10387])
+def test_repeated_blocks_the_generator_found(k):
+    """Blocks applied 2-3 times, under shard_grad_op (auto, checkpointed), full_shard next to
+    replicate units, and DDP: FSDP2 gathers a repeated module again for each earlier call's
+    backward, next to the gradient its later calls accumulated ([Note: a repeated module's
+    later calls] in plan/units.py). Before: -4.2% (over its budget), +7.8%, +6.1%."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+        c = measure(*draw_case(k))
+    assert abs(c["error"]) <= 0.01, c["error"]
+    if c["budget"] is not None:
+        assert c["measured"] <= c["budget"], (c["measured"], c["budget"])
