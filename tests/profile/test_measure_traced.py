@@ -85,18 +85,18 @@ def test_auto_offers_selective_on_a_measured_profile(gpt_pair):
 
 
 def test_a_model_the_trace_refuses_keeps_its_measured_bytes(tmp_path, monkeypatch):
-    class DataDependent(nn.Module):  # a boolean-mask index: no fake-tensor shape
+    class Gated(nn.Module):  # masked_select: an output shape only real data decides
         def __init__(self):
             super().__init__()
-            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+            self.up, self.down = nn.Linear(4, 8), nn.Linear(8, 4)
 
         def forward(self, x):
-            y = self.a(x)
-            return y[y > 0].sum() + self.b(x).sum()
+            h = self.down(torch.relu(self.up(x)))
+            return torch.masked_select(h, h > 0).sum()
 
     monkeypatch.setenv("SHARDSCHED_CACHE", str(tmp_path))
     torch.manual_seed(0)
-    got = measured(DataDependent(), (torch.randn(2, 4),), name="dd", repeats=1, compute_dtype="float32")
+    got = measured(Gated(), (torch.randn(2, 4),), name="g", repeats=1, compute_dtype="float32")
     assert got.extra["memory"].startswith("bytes measured, not traced (") and "op aten." in got.extra["memory"]
     assert [l.selective_saved_bytes for l in got.layers] == [None, None]
     assert got.layers[0].activation_bytes > 0
