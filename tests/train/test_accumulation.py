@@ -3,8 +3,10 @@
 Global batch 8 on 2 workers is 4 rows per worker; micro-batch 1 makes K=4 micro-batches
 per step, each loss scaled by 1/K. With gradients reduced every micro-batch (FSDP2's
 default) or only after the last (`set_requires_gradient_sync(False)`; DDP's `no_sync`
-on the all-replicate plan), losses and parameters equal the unaccumulated run of the
-same plan to 1e-5; a run resumed from a checkpoint taken mid-way continues exactly.
+on the all-replicate plan), losses and step 0's gradients equal the unaccumulated run of
+the same plan to 1e-5, the final parameters equal one process summing the same gradients
+in the same order bit for bit (and the unaccumulated run's to 1e-4: [Note: accumulation
+parity in fp32]); a run resumed from a checkpoint taken mid-way continues exactly.
 
 [Note: accumulation parity in fp32]
 The parameters after the 4 steps equal, bit for bit, one process that sums the same
