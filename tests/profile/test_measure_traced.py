@@ -63,6 +63,31 @@ def test_measured_profile_takes_every_byte_from_the_trace(gpt_pair):
                                                        / t.forward_seconds)
 
 
+class _BatchNormCNN(nn.Module):
+    """Convolutions, BatchNorm buffers and a loss outside every layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Conv2d(c, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+                                    for c in (3, 8, 8))
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x, y):
+        for block in self.blocks:
+            x = block(x)
+        return nn.functional.cross_entropy(self.head(x.mean((2, 3))), y)
+
+
+def test_a_batchnorm_cnn_too(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHARDSCHED_CACHE", str(tmp_path))
+    torch.manual_seed(0)
+    model, inputs = _BatchNormCNN(), (torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,)))
+    got = measured(model, inputs, name="cnn", repeats=1, compute_dtype="float32")
+    traced = trace_profile(model, inputs, name="cnn", device=DEVICES[machine_preset()])
+    assert got.extra["memory"] == "traced" and got.buffer_bytes == traced.buffer_bytes > 0
+    assert [_bytes(m) for m in got.layers] == [_bytes(t) for t in traced.layers]
+
+
 @pytest.mark.parametrize("strategy", ["full_shard", "shard_grad_op+sac", "full_shard+ckpt"])
 def test_measured_and_traced_predict_the_same_memory(gpt_pair, strategy):
     got, _, traced = gpt_pair
