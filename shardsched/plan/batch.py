@@ -35,21 +35,31 @@ def _make_kw(args: argparse.Namespace, precision: Precision) -> dict:
 
 def global_batch_plan(args: argparse.Namespace, spec, cluster: Cluster, precision: Precision,
                       budget: int | None) -> tuple[Plan, object]:
-    """The fastest plan per global batch over micro-batches and grad-sync modes, with a note
-    saying what was chosen among what was tried; and the profile it was made from."""
+    """`plan --global-batch`: `choose_batch` over this command's profiles; and the profile
+    the plan was made from."""
     profile_at = _profile_at(args, spec, cluster, precision)
-    strategy = args.strategy or ("auto" if budget else "full_shard")
-    sync = GradSync(args.grad_sync) if args.grad_sync else None
-    plan, tried = plan_global_batch(profile_at, cluster, global_batch=args.global_batch, strategy=strategy,
-                                    budget=budget, micro_batch=args.micro_batch, grad_sync=sync,
-                                    **_make_kw(args, precision))
+    plan = choose_batch(profile_at, cluster, global_batch=args.global_batch,
+                        strategy=args.strategy or ("auto" if budget else "full_shard"), budget=budget,
+                        micro_batch=args.micro_batch, grad_sync=args.grad_sync, **_make_kw(args, precision))
+    return plan, profile_at(plan.micro_batch)
+
+
+def choose_batch(profile_at, cluster: Cluster, *, global_batch: int, strategy: str, budget: int | None,
+                 micro_batch: int | None, grad_sync: str | None, **kw) -> Plan:
+    """The fastest plan per global batch over the micro-batches and grad-sync modes that
+    `micro_batch` / `grad_sync` leave open (`solve.batch.plan_global_batch`), with a first note
+    saying what was chosen among what was tried. The one path of `plan --global-batch` and
+    `train --global-batch` (`train.planning.make_local_plan`). kw: `make_plan`'s other arguments."""
+    sync = GradSync(grad_sync) if grad_sync else None
+    plan, tried = plan_global_batch(profile_at, cluster, global_batch=global_batch, strategy=strategy,
+                                    budget=budget, micro_batch=micro_batch, grad_sync=sync, **kw)
     options = ", ".join(f"{c.micro_batch}x{c.accumulation} {c.grad_sync.value} "
                         + (f"{c.plan.predicted.step_seconds * 1e3:.1f} ms" if c.plan else "does not fit")
                         for c in tried)
-    note = (f"global batch {args.global_batch}: micro-batch {plan.micro_batch} x {plan.accumulation} accumulated "
+    note = (f"global batch {global_batch}: micro-batch {plan.micro_batch} x {plan.accumulation} accumulated "
             f"per worker, gradients reduced {'after every micro-batch' if plan.grad_sync is GradSync.EVERY else 'after the last'}"
             f" (fastest per global batch of: {options})")
-    return dataclasses.replace(plan, notes=(note, *plan.notes)), profile_at(plan.micro_batch)
+    return dataclasses.replace(plan, notes=(note, *plan.notes))
 
 
 def print_max_batch(args: argparse.Namespace, spec, cluster: Cluster, precision: Precision,

@@ -4,10 +4,23 @@ and backward workspace (`profile.workspace`).
 Everything is taken with module hooks on an unmodified model, so any
 `(model, example_inputs)` whose `model(*inputs)` returns the loss can be
 profiled, not only our GPT.
+
+[Note: measured times, traced bytes]
+`--measure` (`profile.resolve.measured`) keeps only the times of this measurement: every
+byte comes from the fake-tensor trace of the same model and inputs (`with_traced_memory`),
+which runs no kernel and records what the hooks here cannot see (exit windows, entry and
+output bytes, the selective-checkpointing fields: [Note: exit windows] in
+profile/workspace.py). So a measured and a traced profile of one model predict the same
+memory, and auto offers selective checkpointing on both. The seconds of the ops a selective
+layer recomputes are the measured forward times the fraction the trace prices them at
+(on this machine's preset). A model the trace refuses keeps the bytes measured here, and
+those fields stay unknown. `measure_profile` itself still measures bytes by running the
+model: the tests hold the trace to it.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections import defaultdict
 from typing import Any, NamedTuple, Sequence
@@ -309,6 +322,41 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
                    buffer_bytes=L.buffer_bytes(run_model),
                    extra={"torch": torch.__version__, "threads": torch.get_num_threads(),
                                              "repeats": repeats, "warmup": warmup, **L.notes_extra(model)})
+
+
+def with_traced_memory(measured: Profile, traced: Profile) -> Profile:
+    """`traced` (every byte, FLOPs and moved bytes, children as the trace splits layers) with
+    `measured`'s seconds: [Note: measured times, traced bytes]. The layers must be the same."""
+    if [l.name for l in measured.layers] != [l.name for l in traced.layers]:
+        raise ValueError(f"measured and traced layers differ: {[l.name for l in measured.layers]} "
+                         f"vs {[l.name for l in traced.layers]}")
+    layers = tuple(_timed_like(m, t) for m, t in zip(measured.layers, traced.layers))
+    return dataclasses.replace(traced, layers=layers, source="measured",
+                               extra={**measured.extra, "memory": "traced", "trace_device": traced.extra.get("device")})
+
+
+def _timed_like(measured: LayerProfile, traced: LayerProfile) -> LayerProfile:
+    """The traced layer with the measured forward and backward seconds; its recomputed ops'
+    seconds are the measured forward times the trace's fraction. A child the measurement did
+    not time takes the trace's seconds at the parent's measured/traced ratio."""
+    kids = {k.name: k for k in measured.children}
+    scale = measured.forward_seconds / traced.forward_seconds if traced.forward_seconds else 0.0
+    fwd = measured.forward_seconds
+    sac = traced.selective_recompute_seconds
+    children = tuple(_timed_like(kids[c.name], c) if c.name in kids else _scaled(c, scale) for c in traced.children)
+    return dataclasses.replace(
+        traced, forward_seconds=fwd, backward_seconds=measured.backward_seconds, children=children,
+        selective_recompute_seconds=None if sac is None else (
+            stable(fwd * sac / traced.forward_seconds) if traced.forward_seconds else 0.0))
+
+
+def _scaled(layer: LayerProfile, scale: float) -> LayerProfile:
+    """A traced layer's seconds times `scale` (its children's too)."""
+    sac = layer.selective_recompute_seconds
+    return dataclasses.replace(layer, forward_seconds=stable(layer.forward_seconds * scale),
+                               backward_seconds=stable(layer.backward_seconds * scale),
+                               selective_recompute_seconds=None if sac is None else stable(sac * scale),
+                               children=tuple(_scaled(c, scale) for c in layer.children))
 
 
 def batch_and_seq(inputs: tuple) -> tuple[int, int]:

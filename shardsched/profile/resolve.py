@@ -2,6 +2,7 @@
 for code (`python:`, `hf:`), measured on this machine only when asked (`measure`)."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -70,7 +71,7 @@ def measured(model, inputs, *, name: str, repeats: int, compute_dtype: str) -> P
                                      torch.get_num_threads(), torch.__version__]).encode()).hexdigest()[:20]
     path = cache_dir() / f"{key}.json"
     if path.exists():
-        return Profile.from_json(path.read_text())
+        return _traced_memory(Profile.from_json(path.read_text()), model, inputs, compute_dtype)
     profile = measure_profile(model, inputs, name=name, repeats=repeats, warmup=1, compute_dtype=compute_dtype)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -79,4 +80,21 @@ def measured(model, inputs, *, name: str, repeats: int, compute_dtype: str) -> P
         os.replace(tmp, path)
     except OSError:
         pass  # a read-only home: measure again next time
-    return profile
+    return _traced_memory(profile, model, inputs, compute_dtype)
+
+
+def _traced_memory(profile: Profile, model, inputs, compute_dtype: str) -> Profile:
+    """The measured profile's seconds with the trace's bytes ([Note: measured times, traced
+    bytes] in profile/measure.py); the measured bytes when the trace refuses the model. The
+    trace is priced on this machine's preset: only its ratios reach the profile."""
+    from shardsched.cost.device import DEVICES
+    from shardsched.profile.calibrate import machine_preset
+    from shardsched.profile.measure import with_traced_memory
+    from shardsched.profile.trace import trace_profile
+    try:
+        traced = trace_profile(model, inputs, name=profile.model, device=DEVICES[machine_preset()],
+                               compute_dtype=compute_dtype)
+        return with_traced_memory(profile, traced)
+    except (UsageError, ValueError) as e:
+        note = f"bytes measured, not traced ({str(e).splitlines()[0][:160] if str(e) else type(e).__name__})"
+        return dataclasses.replace(profile, extra={**profile.extra, "memory": note})

@@ -45,6 +45,10 @@ class TrainConfig:
     """Rows per worker per micro-batch (`--micro-batch`); the step accumulates
     batch / (workers x micro_batch) of them (`train.accum`). None: the plan's when it
     accumulates, else batch / workers (no accumulation)."""
+    choose_batch: bool = False
+    """`--global-batch` given: the planner chooses the micro-batch and grad-sync mode that
+    `--micro-batch` / `--grad-sync` leave open, fastest per global batch, as `plan
+    --global-batch` does (`train.planning.batch_plan`); `--batch` alone never accumulates."""
     grad_sync: str | None = None
     """`--grad-sync`: "every" reduces gradients after every micro-batch, "last" only after
     the last (`core.types.GradSync`); None: the plan's (FSDP2's default, "every", without one)."""

@@ -47,8 +47,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     a("--run-dir", default=None, help="output directory (default runs/<timestamp>; with --resume: that run)")
     a("--checkpoint-every", type=int, default=None, help="save a checkpoint every N steps (default 0: never)")
     a("--resume", default=None, metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest usable checkpoint")
-    a("--batch", "--global-batch", dest="batch", type=int, default=None,
+    a("--batch", dest="batch", type=int, default=None,
       help="global batch in sequences: rows of one optimizer step across all workers (default 8)")
+    a("--global-batch", dest="batch", type=int, default=None, action=_GlobalBatch,
+      help="--batch, and the planner chooses the micro-batch and --grad-sync that are not given "
+           "(fastest per global batch, as `plan --global-batch`)")
     a("--micro-batch", type=int, default=None,
       help="rows per worker per micro-batch; each step accumulates global-batch / (workers x micro-batch) of them "
            "(default: the plan's, else global-batch / workers: no accumulation)")
@@ -68,11 +71,19 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add_gossip_train_arguments(parser)  # --sync, --segments, --groups, --topology, --optimizer
 
 
+class _GlobalBatch(argparse.Action):
+    """`--global-batch N`: the global batch, and `TrainConfig.choose_batch`."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.choose_batch = True
+
+
 # Flags a resumed run takes from the saved config.json unless given again.
 _FROM_SAVED = ("steps", "seed", "model", "data", "batch", "seq", "lr", "eval_every", "checkpoint_every", "precision",
-               "cluster", "layers", "headroom", "micro_batch", "grad_sync")
+               "cluster", "layers", "headroom", "micro_batch", "grad_sync", "choose_batch")
 _DEFAULTS = {"steps": DEFAULT_STEPS, "seed": 0, "model": "tiny", "batch": 8, "seq": 128, "lr": 3e-3,
-             "eval_every": 100, "checkpoint_every": 0, "precision": "fp32"}
+             "eval_every": 100, "checkpoint_every": 0, "precision": "fp32", "choose_batch": False}
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:

@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from shardsched.cost.device import DeviceSpec
 from shardsched.errors import UsageError
-from shardsched.core.types import Plan
+from shardsched.core.types import Plan, Precision
 from shardsched.profile.types import Profile
 from shardsched.train.config import TrainConfig
 from shardsched.train.task import Built
@@ -113,10 +113,45 @@ def make_local_plan(cfg: TrainConfig, built: Built, *, world: int, profile: Prof
     from shardsched.plan.spec import parse_strategy_spec
     strategy = cfg.strategy or "auto"
     planned = budget.usable if budget.given is not None or parse_strategy_spec(strategy).auto else None
-    plan = stated(make_plan(profile, cluster, strategy=strategy, precision=precision,
-                            optimizer="adam", memory_budget_bytes=planned, accumulation=acc), budget)
+    if chooses_batch(cfg):
+        plan = stated(batch_plan(cfg, built, world=world, cluster=cluster, strategy=strategy, budget=planned,
+                                 profile=profile), budget)
+    else:
+        plan = stated(make_plan(profile, cluster, strategy=strategy, precision=precision,
+                                optimizer="adam", memory_budget_bytes=planned, accumulation=acc), budget)
     # What was set on the model for training (models.hf.training_defaults), said in the plan.
     return dataclasses.replace(plan, notes=plan.notes + notes + tuple(profile.extra.get("notes", ())))
+
+
+def chooses_batch(cfg: TrainConfig) -> bool:
+    """`train --global-batch` on a model whose rows are the global batch: the planner chooses
+    what `--micro-batch` and `--grad-sync` leave open, as `plan --global-batch` does."""
+    from shardsched.train.validate import user_sized
+    return cfg.choose_batch and not user_sized(cfg.model)
+
+
+def batch_plan(cfg: TrainConfig, built: Built, *, world: int, cluster, strategy: str, budget: int | None,
+               profile: Profile) -> Plan:
+    """`plan.batch.choose_batch` (the path of `plan --global-batch`) over this run's profiles:
+    at each micro-batch m, `local_profile` of the first m rows of one worker's example inputs,
+    the micro-batch training runs (`train.accum.split_micro_batches`); `profile` is the one at
+    the rows the flags give."""
+    from shardsched.plan.batch import choose_batch
+    from shardsched.train.accum import split_micro_batches
+    from shardsched.train.config import worker_rows
+    rows = worker_rows(cfg, world=world)
+    profiles = {rows: profile}
+
+    def profile_at(m: int) -> Profile:
+        if m not in profiles:
+            inputs = split_micro_batches(built.example_inputs, rows // m)[0]
+            sized = dataclasses.replace(cfg, micro_batch=m)
+            profiles[m] = local_profile(sized, built._replace(example_inputs=inputs), world=world,
+                                        device=cluster.device)
+        return profiles[m]
+    return choose_batch(profile_at, cluster, global_batch=cfg.batch, strategy=strategy, budget=budget,
+                        micro_batch=cfg.micro_batch, grad_sync=cfg.grad_sync, precision=Precision(cfg.precision),
+                        optimizer="adam")
 
 
 def local_accumulation(cfg: TrainConfig, *, world: int):

@@ -90,6 +90,8 @@ def read_saved_config(resume: str | None, *, model: str | None) -> dict:
     for key, types in _CONFIG_TYPES.items():
         if key in saved and (not isinstance(saved[key], types) or isinstance(saved[key], bool)):
             raise UsageError(f"--resume {resume}: {path} has {key}={saved[key]!r:.40}, of the wrong type")
+    if not isinstance(saved.get("choose_batch", False), bool):  # the one boolean the flags save
+        raise UsageError(f"--resume {resume}: {path} has choose_batch={saved['choose_batch']!r:.40}, of the wrong type")
     spec = saved.get("model")
     if isinstance(spec, str) and spec.startswith("python:") and model != spec:
         raise UsageError(f"--resume {resume}: the run used --model {spec}, which imports and runs code; give "
