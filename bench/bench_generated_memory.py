@@ -59,6 +59,9 @@ def summarise(cases: list[dict]) -> None:
         groups.setdefault(f"strategy {word}", []).append(c["error"])
         groups.setdefault(f"family {c['spec'].family}", []).append(c["error"])
         groups.setdefault(f"checkpointing {_checkpointing(c['plan'])}", []).append(c["error"])
+        ps = c["plan"]
+        groups.setdefault("accumulation " + (f"{ps.accumulation} {ps.grad_sync}" if ps.accumulation > 1 else "none"),
+                          []).append(c["error"])
     groups["all"] = [c["error"] for c in ok]
     print(f"{'group':28s} {'n':>4s} {'median':>8s} {'min':>8s} {'max':>8s} {'within 3%':>9s}")
     for k, v in sorted(groups.items()):

@@ -119,14 +119,44 @@ def holds_root_grad(i: int, n: int, *, outside: bool = False) -> bool:
 #   where autograd accumulates in place. Unpadded: gradients as autograd produces them. A
 #   non-last micro-batch holds them all (the last has reduced the units behind it, a shard
 #   each, never more).
-# A plan on DDP accumulates in its buckets, already counted whole (`no_sync` or not).
+# A plan on DDP reducing every micro-batch accumulates in its buckets, already counted whole;
+# under `no_sync` (GradSync.LAST) autograd accumulates in each parameter's `.grad` beside the
+# bucket, which DDP fills only at the last micro-batch (a CNN accumulating 2: 6.7% under
+# without them).
+
+
+def own_grad_bytes(unit, sc: Scenario) -> int:
+    """The unsharded gradients a unit's backward adds at its end: its parameters'. Where
+    accumulation keeps them unsharded in their own dtype (GradSync.LAST, no separate reduce
+    dtype) autograd adds each new gradient into `unsharded_param.grad` in place, so beyond what
+    `accumulation_bytes` holds there is one parameter's at a time, its largest ([Note:
+    accumulation memory]; a Mixer accumulating 3 micro-batches was 4.3% over counting both)."""
+    if sc.accumulates_in_place:
+        return max((numel for _, numel in unit.dims), default=unit.params) * sc.state.unsharded_grad
+    return unit.params * sc.state.unsharded_grad
+
+
+def in_place_reduce_bytes(unit, rs: list[int], shard_bytes: int, reduce: int) -> dict:
+    """Accumulating in place (`Scenario.accumulates_in_place`), what a fused unit's moment holding
+    layer r's ReduceScatter input, the layers after d reduced, holds beyond the unsharded
+    gradients `accumulation_bytes` counts whole: before the last micro-batch nothing is reduced
+    (0); in it every parameter of the unit has a gradient at its first module's post-backward,
+    so FSDP2 reduces the whole unit there (its ReduceScatter input padded, next to the unsharded
+    gradients it copies), then holds that input and the unit's shards, its unsharded gradients
+    freed (FSDPMemTracker on a fused CNN accumulating 3: 5% under with per-layer inputs).
+    Keyed [r][d] as `UnitCost.inner_moments`."""
+    last, whole = len(unit.layer_bytes) - 1, sum(rs)
+    after = max(0, whole + shard_bytes - unit.params * reduce)
+    return {r: {d: whole if r == d == last else after for d in range(last + 1)} for r in range(last + 2)}
 
 
 def accumulation_bytes(sc: Scenario, live: "_Live", s: int) -> int:
     """Gradients of earlier micro-batches live at forward/backward step s, beyond what the
     step's moments count ([Note: accumulation memory]); 0 without accumulation."""
-    if sc.accumulation <= 1 or live.ddp or s >= 2 * sc.n:
+    if sc.accumulation <= 1 or s >= 2 * sc.n:
         return 0
+    if live.ddp:  # under `no_sync` autograd accumulates in `.grad`, beside the bucket
+        return sum(u.params for u in sc.units) * sc.state.unsharded_grad if sc.grad_sync is GradSync.LAST else 0
     if sc.grad_sync is GradSync.EVERY:
         return sum(live.shard) * sc.state.grad - live.sharded_grads(s)
     return max(0, sum(u.params for u in sc.units) * sc.state.reduce - live.sharded_grads(s))
@@ -158,7 +188,7 @@ class _Live:
         self.unsharded = [u.padded_numel(k) * sb.unsharded_param for u, k in zip(sc.units, n)]
         self.held = [held_after_forward(s, b, cl) for s, b in zip(sc.strategies, self.unsharded)]
         self.retained = [sc.retained_bytes(i) for i in range(sc.n)]
-        self.ugrad = [u.params * sb.unsharded_grad for u in sc.units]
+        self.ugrad = [own_grad_bytes(u, sc) for u in sc.units]
         self.rsbuf = [u.module_reduce_numel(k, last=False) * sb.reduce for u, k in zip(sc.units, n)]
         # what stays retained after a unit's backward: its last-reduced module's input
         self.rs_kept = [u.module_reduce_numel(k, last=True) * sb.reduce for u, k in zip(sc.units, n)]
@@ -231,6 +261,9 @@ class _Live:
         if self.ddp:
             return [(m.own, 0, 0, 0) for m in moments if not m.gathered]
         rs, done = sc.reduce_bytes(i), sc.done_bytes(i)
+        if sc.accumulates_in_place:
+            held = in_place_reduce_bytes(sc.units[i], rs, self.shard[i] * sc.state.grad, sc.state.reduce)
+            return [(m.own, held[m.reducing][m.done], 0, self.agbuf[i] if m.gathered else 0) for m in moments]
         return [(m.own, rs[m.reducing], done[m.done], self.agbuf[i] if m.gathered else 0) for m in moments]
 
 

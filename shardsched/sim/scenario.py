@@ -290,6 +290,14 @@ class Scenario:
         return (all(s is Strategy.REPLICATE for s in self.strategies) and self.state.unsharded_param == self.state.param
                 and not any(self.checkpoint))
 
+    @property
+    def accumulates_in_place(self) -> bool:
+        """Accumulation keeps the gradients unsharded in their own dtype until the last
+        micro-batch (GradSync.LAST, no separate reduce dtype): autograd adds into
+        `unsharded_param.grad` ([Note: accumulation memory] in sim/memory.py)."""
+        sb = self.state
+        return self.accumulation > 1 and self.grad_sync is GradSync.LAST and sb.reduce == sb.unsharded_grad
+
     def ckpt(self, i: int) -> bool:
         """Unit i recomputes in backward (full or selective)."""
         return bool(self.checkpoint) and bool(self.checkpoint[i])

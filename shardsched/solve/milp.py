@@ -58,7 +58,8 @@ import numpy as np
 
 from shardsched._stdout import native_quiet
 from shardsched.cost.strategy import gather_seconds, held_after_forward, reduce_seconds, shard_count
-from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad, root_grad_bytes
+from shardsched.sim.memory import (extra_gather, forward_gathers, holds_root_grad, in_place_reduce_bytes, own_grad_bytes,
+                                   root_grad_bytes)
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.plan.schedule import optimizer_seconds_per_param
 from shardsched.core.types import Checkpoint, GradSync, Strategy
@@ -247,7 +248,7 @@ def costs_of(p: Problem) -> Costs:
     msg_by = [{k: c.padded_numel(shard_count(k, cl)) * sb.reduce for k in ks} for c in p.costs]
     rs_by = [{k: c.module_reduce_numel(shard_count(k, cl), last=False) * sb.reduce for k in ks} for c in p.costs]
     rs_kept_by = [{k: c.module_reduce_numel(shard_count(k, cl), last=True) * sb.reduce for k in ks} for c in p.costs]
-    inner = [_inner(c, sb, cl, unsh_by[i]) if len(c.layers) > 1 and c.layer_bytes else None
+    inner = [_inner(c, sb, cl, unsh_by[i], sc.accumulates_in_place) if len(c.layers) > 1 and c.layer_bytes else None
              for i, c in enumerate(p.costs)]
     plain, ckpt = sc, dataclasses.replace(sc, checkpoint=(True,) * sc.n)  # for `Scenario.forward_bytes`
     sac = _selective(p, sb, cl, inner) if p.selective else [None] * p.n
@@ -261,7 +262,7 @@ def costs_of(p: Problem) -> Costs:
                  shard=[{k: c.shard_numel(shard_count(k, cl)) for k in ks} for c in p.costs],
                  held=[{k: held_after_forward(k, b[k], cl) for k in ks} for b in unsh_by],
                  unsharded=[c.padded_numel(cl.world) * sb.unsharded_param for c in p.costs],
-                 ugrad=[c.params * sb.unsharded_grad for c in p.costs],
+                 ugrad=[own_grad_bytes(c, sc) for c in sc.units],
                  rsbuf=[c.padded_numel(cl.world) * sb.reduce for c in p.costs],
                  unsh_by=unsh_by, rs_by=rs_by, root_grad=root_grad_bytes(sc),
                  act=[c.activation_bytes for c in p.costs], inp=[c.input_bytes for c in p.costs],
@@ -304,18 +305,21 @@ def _selective(p: Problem, sb, cl, inner: list) -> list:
     return out
 
 
-def _inner(c, sb, cl, unsh: dict) -> list[tuple]:
+def _inner(c, sb, cl, unsh: dict, in_place: bool = False) -> list[tuple]:
     """`Costs.inner` of one fused unit: its moments plain and checkpointed, paired by key,
-    with what each holds per strategy (`sim.memory._Live.inner`)."""
+    with what each holds per strategy (`sim.memory._Live.inner`; `in_place`:
+    `Scenario.accumulates_in_place`, no ReduceScatter input or shards beside the gradients)."""
     ks = tuple(Strategy)
     rs = {k: c.layer_reduce_bytes(shard_count(k, cl), sb.reduce) for k in ks}
     done = {k: c.done_grad_bytes(shard_count(k, cl), sb.grad) for k in ks}
+    held = {k: in_place_reduce_bytes(c, rs[k], c.shard_numel(shard_count(k, cl)) * sb.grad, sb.reduce)
+            for k in ks} if in_place else None
     plain, ck = (c.inner_moments(sb.unsharded_grad, checkpointed=x) for x in (False, True))
     out = []
     for key in sorted(set(plain) | set(ck)):
         m = plain.get(key) or ck[key]
-        per = {k: rs[k][m.reducing] + done[k][m.done] + (forward_gathers(c, k) * unsh[k] if m.gathered else 0)
-               for k in ks}
+        per = {k: (held[k][m.reducing][m.done] if held else rs[k][m.reducing] + done[k][m.done])
+               + (forward_gathers(c, k) * unsh[k] if m.gathered else 0) for k in ks}
         out.append((plain[key].own if key in plain else None, ck[key].own if key in ck else None, per))
     return out
 

@@ -9,6 +9,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
+from shardsched.core.types import GradSync
 from shardsched.runtime.memtrack import tracked_peak_bytes
 from shardsched.runtime.parallelize import parallelize
 
@@ -31,20 +32,30 @@ def parallelize_on_fake_pg(model: torch.nn.Module, plan, world: int) -> torch.nn
     return model
 
 
-def measured_peak(model: torch.nn.Module, inputs: tuple, plan, *, steps: int = 2) -> int:
-    """FSDPMemTracker's peak over `steps` training steps of `model` sharded by `plan`."""
-    world = plan.world
+def measured_peak(model: torch.nn.Module, inputs: tuple, plan, *, steps: int = 2, accumulation: int = 1,
+                  grad_sync: GradSync = GradSync.EVERY) -> int:
+    """FSDPMemTracker's peak over `steps` training steps of `model` sharded by `plan`, each of
+    `accumulation` micro-batches (`inputs` each time) as `train.accum.forward_backward` runs
+    them, one micro-batch a tracked step: the tracker refuses a second forward of the root
+    between two `reset_mod_stats`."""
+    world, k = plan.world, accumulation
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     try:
         parallelize_on_fake_pg(model, plan, world)
         opt = (torch.optim.Adam(model.parameters(), lr=1e-3) if plan.optimizer.value == "adam"
                else torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9))
 
-        def step(_: int) -> None:
-            model(*inputs).backward()
-            opt.step()
-            opt.zero_grad()
+        def micro_step(j: int) -> None:
+            if k > 1:
+                if grad_sync is GradSync.LAST:
+                    model.set_requires_gradient_sync(j % k == k - 1)
+                (model(*inputs) / k).backward()
+            else:
+                model(*inputs).backward()
+            if j % k == k - 1:
+                opt.step()
+                opt.zero_grad()
 
-        return tracked_peak_bytes(model, opt, step, steps=steps, inputs=inputs)["Total"]
+        return tracked_peak_bytes(model, opt, micro_step, steps=steps * k, inputs=inputs)["Total"]
     finally:
         dist.destroy_process_group()

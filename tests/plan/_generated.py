@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from hypothesis import strategies as st
 
+from shardsched.core.types import GradSync
 from shardsched.cost.device import DEVICES, Cluster
 from shardsched.profile.trace import trace_profile
 from shardsched.solve.build import make_plan
@@ -240,6 +241,8 @@ class PlanSpec:
     other: str = ""             # mixed: this strategy word for every `every`-th layer from `first`
     first: int = 0
     every: int = 0
+    accumulation: int = 1       # micro-batches per step (issue 18), the same input each time
+    grad_sync: str = "every"    # with accumulation: `GradSync` (reduce every micro-batch, or the last)
 
 
 WORDS = ["replicate", "shard_grad_op", "full_shard"]
@@ -249,15 +252,23 @@ def draw_plan(rng: random.Random) -> PlanSpec:
     world = rng.choice([2, 8, 64])
     kind = rng.choice(["uniform", "uniform", "mixed", "auto", "auto"])
     if kind == "auto":
-        return PlanSpec("auto", world, True, rng.choice([1.0, 1.05, 1.1, 1.3, 2.0]))
+        return _accumulated(rng, PlanSpec("auto", world, True, rng.choice([1.0, 1.05, 1.1, 1.3, 2.0])))
     word = rng.choice(WORDS)
     spec = word + ("+ckpt" if word != "replicate" and rng.random() < 0.5 else "")
     if kind == "mixed":  # some layers get another strategy, checkpointed or not
         other = rng.choice(WORDS)
         other += "+ckpt" if other != "replicate" and rng.random() < 0.5 else ""
-        return _selective(rng, PlanSpec(spec, world, rng.random() < 0.5, other=other, first=rng.randint(0, 2),
-                                        every=rng.randint(1, 3)))
-    return _selective(rng, PlanSpec(spec, world, rng.random() < 0.5))
+        return _accumulated(rng, _selective(rng, PlanSpec(spec, world, rng.random() < 0.5, other=other,
+                                                          first=rng.randint(0, 2), every=rng.randint(1, 3))))
+    return _accumulated(rng, _selective(rng, PlanSpec(spec, world, rng.random() < 0.5)))
+
+
+def _accumulated(rng: random.Random, ps: PlanSpec) -> PlanSpec:
+    """A quarter of the plans accumulate 2 or 3 micro-batches, reduced every micro-batch or
+    only the last (issue 18); drawn last, so every other draw of a seed is what it was."""
+    if rng.random() >= 0.25:
+        return ps
+    return dataclasses.replace(ps, accumulation=rng.choice([2, 3]), grad_sync=rng.choice(["every", "last"]))
 
 
 def _selective(rng: random.Random, ps: PlanSpec) -> PlanSpec:
@@ -290,15 +301,17 @@ def plan_for(model: nn.Module, inputs: tuple, ps: PlanSpec, name: str = "generat
     cluster = Cluster(world=ps.world, gpus_per_node=ps.world, device=DEVICES["cpu"])
     profile = trace_profile(model, inputs, name=name, device=DEVICES["cpu"])
     budget = None
+    accumulation = (ps.accumulation, GradSync(ps.grad_sync)) if ps.accumulation > 1 else None
     if ps.strategy == "auto":
-        least = least_memory_peak(profile, cluster, precision=Precision.FP32, optimizer=Optimizer.ADAM)
+        least = least_memory_peak(profile, cluster, precision=Precision.FP32, optimizer=Optimizer.ADAM,
+                                  accumulation=accumulation)
         budget = int(least * ps.budget_factor)
     strategy = ps.strategy
     if ps.other:
         names = [layer.name for layer in profile.layers if layer.name][ps.first::ps.every]
         strategy += "".join(f",{n}={ps.other}" for n in names)
     plan = make_plan(profile, cluster, strategy=strategy, memory_budget_bytes=budget, fuse=ps.fuse,
-                     precision="fp32", optimizer="adam")
+                     precision="fp32", optimizer="adam", accumulation=accumulation)
     return plan, budget
 
 
@@ -307,7 +320,7 @@ def measure(s: Spec, ps: PlanSpec) -> Case:
     model, inputs = build(s)
     plan, budget = plan_for(model, inputs, ps)
     model, inputs = build(s)  # a fresh copy: parallelize changes the model in place
-    measured = measured_peak(model, inputs, plan)
+    measured = measured_peak(model, inputs, plan, accumulation=ps.accumulation, grad_sync=GradSync(ps.grad_sync))
     predicted = plan.predicted.peak_bytes
     return Case(spec=s, plan=ps, predicted=predicted, measured=measured, budget=budget,
                 error=predicted / measured - 1, units=[f"{u.name}:{u.strategy.value}" for u in plan.units])
