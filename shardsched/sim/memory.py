@@ -287,7 +287,8 @@ def _mb(live: _Live, *, unsharded=0, grads=0, act=0, comm=0, opt_extra=0) -> Mem
 def _forward(live: _Live, i: int) -> list[MemoryBreakdown]:
     sc, s = live.sc, i
     held_prev = live.agbuf[i - 1] if i > 0 else 0
-    entry = sc.units[i].entry_after_checkpointed() if i and sc.ckpt(i - 1) else sc.units[i].entry_bytes
+    # the whole input, unless the unit before retains it ([Note: the output a recomputed unit hands over])
+    entry = sc.units[i].entry_after_checkpointed() if i and sc.ckpt(i - 1) and sc.ckpt(i) else sc.units[i].entry_bytes
     copyout = _mb(live, unsharded=live.unsharded_live(s), act=live.activations(i - 1) + entry,
                   comm=held_prev + live.agbuf[i] + live.pending_gathers(s, include_launched_here=False))
     # Forward transients: the tensor being produced next to what is saved, about the

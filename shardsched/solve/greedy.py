@@ -77,6 +77,9 @@ class Evaluator:
         G = np.concatenate([np.cumsum((shard * sb.grad)[::-1])[::-1], [0]])
         modes = [_mode(ch, i) for i in range(n)]
         kept = [_own(c, i, modes[i], c.act[i], c.inp[i], "inp") for i in range(n)]
+        for i in range(n - 1):  # [Note: the output a recomputed unit hands over]
+            if modes[i] and not modes[i + 1]:
+                kept[i] += self.p.costs[i + 1].handed_over_bytes()
         self.act = np.concatenate([[0], np.cumsum(kept)]).astype(np.float64)
         inc, exc = self._pending(ch, n)
         out = []
@@ -87,7 +90,7 @@ class Evaluator:
             lead = _own(c, i, x, unit.lead_activation_bytes, unit.checkpointed_lead_bytes, "lead")
             extra = extra_gather(unit, ch.strategies[i]) * unsh[i] + (lead if len(unit.layers) > 1 else 0)
             after = unit.after_forward()  # the code after it (the loss), after the unit reshards
-            entry = unit.entry_after_checkpointed() if i and modes[i - 1] else unit.entry_bytes
+            entry = unit.entry_after_checkpointed() if i and modes[i - 1] and modes[i] else unit.entry_bytes
             out.append(pers + U[i] + max(unsh[i] + ag[i] + prev + self.act[i] + entry + exc[i],
                                          u + extra + self.act[i] + inc[i],
                                          u + self.act[i] + _own(c, i, x, *c.fwd_own[i], "fwd_own") + inc[i],

@@ -378,6 +378,7 @@ class _Build:
         for i in range(self.n):  # one of none, full, selective ([Note: three checkpointing modes in the MILP])
             if self.sc[i] is not None:
                 m.row({self.ck[i]: 1.0, self.sc[i]: 1.0}, 0.0, 1.0)
+        self._handed_over()
         self.xf = [{l: m.var(integer=True) for l in self.fwin[i]} for i in range(self.n)]
         for i in range(self.n):
             m.row({v: 1.0 for v in self.xf[i].values()}, 1.0, 1.0)
@@ -389,6 +390,25 @@ class _Build:
                       0.0, 0.0)
         self.fdur = [self._durations(i, self.xf[i], self.c.agf[i]) for i in range(self.n)]
         self.bdur = [self._durations(i, self.xb[i], self.c.agb[i]) for i in range(self.n)]
+
+    def _recomputes(self, i: int) -> dict:
+        """x_i = ck_i + sc_i: unit i recomputes (full or selective); {} where it cannot."""
+        return {v: 1.0 for v in (self.ck[i], self.sc[i]) if v is not None}
+
+    def _handed_over(self) -> None:
+        """handed[j] = x_{j-1} (1 - x_j), exact for binaries by its three bounds (McCormick):
+        unit j-1 recomputes and unit j does not, so j-1 retains its output ([Note: the output a
+        recomputed unit hands over] in sim/scenario.py); None where it cannot be 1."""
+        m, self.handed = self.m, [None] * self.n
+        for j in range(1, self.n):
+            prev, own = self._recomputes(j - 1), self._recomputes(j)
+            if not prev or not self.p.costs[j].handed_over_bytes():
+                continue
+            y = self.handed[j] = m.var(0.0, 1.0)
+            m.row(_add({y: 1.0}, {v: -1.0 for v in prev}), -math.inf, 0.0)           # y <= x_{j-1}
+            m.row(_add(_add({y: 1.0}, {v: -1.0 for v in prev}), own), 0.0, math.inf)   # y >= x_{j-1} - x_j
+            if own:
+                m.row(_add({y: 1.0}, own), -math.inf, 1.0)                               # y <= 1 - x_j
 
     def _durations(self, i: int, launches: dict, seconds: dict) -> dict:
         """launch step -> {column: scaled seconds}: the AllGather's duration when it is
@@ -528,6 +548,8 @@ class _Build:
             if self.ck[i] is not None:
                 terms = {self._aux(_add(terms, self._ck_term(i, (c.inp[i] - c.act[i]),
                                                              _sac(c, i, "inp", c.act[i]) - c.act[i]))): 1.0}
+            if i + 1 < n and self.handed[i + 1] is not None:  # its output, handed over
+                terms = _add(terms, {self.handed[i + 1]: self.p.costs[i + 1].handed_over_bytes() * g})
             self.A.append((terms, const + c.act[i] * g))
 
     def _pending(self, s: int, *, inclusive: bool) -> dict:
@@ -565,8 +587,10 @@ class _Build:
             live = _add(_add(base, {self.U[i]: 1.0}), _add(unsh, ag))
             (a0, k0), (a1, k1) = self.A[i], self.A[i + 1]
             copyout = _add(_add(base, {self.U[i]: 1.0}), _add(unsh, ag))
-            d = unit.entry_after_checkpointed() - unit.entry_bytes  # when unit i-1 recomputes
-            after_ck = self._ck_term(i - 1, d, d) if i else {}
+            # when unit i-1 recomputes, its whole input, the part unit i-1 retains (handed) aside
+            d = unit.handed_over_bytes()
+            after_ck = _add(self._ck_term(i - 1, d, d), {self.handed[i]: -d * g} if self.handed[i] is not None else {}) \
+                if i else {}
             self._mem(i, _add(_add(_add(copyout, prev), a0), _add(self._pending(i, inclusive=False), after_ck)),
                       k0 + (unit.entry_bytes + c.input_bytes) * g, cap)
             if len(unit.layers) > 1:  # its last module starts (and gathers again when it reshards)
@@ -703,6 +727,9 @@ class _Build:
                 x[self.ck[i]] = 1.0
         for y, launch, zs in self.products:
             x[y] = max(0.0, x[launch] + sum(x[v] for v in zs) - 1.0)
+        for j, y in enumerate(self.handed):
+            if y is not None:
+                x[y] = sum(x[v] for v in self._recomputes(j - 1)) * (1.0 - sum(x[v] for v in self._recomputes(j)))
         for v, terms, const in self.aux_defs:
             x[v] = const + sum(c * x[k] for k, c in terms.items())
         self._start_times(x)
