@@ -257,7 +257,8 @@ class _Live:
         on DDP the gradients go to the bucket as produced: no reduction input, none sharded,
         nothing gathered."""
         sc = self.sc
-        moments = sc.units[i].inner_moments(sc.state.unsharded_grad, checkpointed=sc.ckpt(i)).values()
+        moments = sc.units[i].inner_moments(sc.state.unsharded_grad, checkpointed=sc.ckpt(i),
+                                            in_place=sc.accumulates_in_place).values()
         if self.ddp:
             return [(m.own, 0, 0, 0) for m in moments if not m.gathered]
         rs, done = sc.reduce_bytes(i), sc.done_bytes(i)
@@ -331,7 +332,7 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
                     _mb(live, unsharded=live.unsharded_live(s, exclude=i), grads=grads + live.ugrad[i],
                         act=act, comm=live.rsbuf[i] + pending)]
     else:  # module by module; the unit stays gathered until its last module's backward
-        last = sc.units[i].last_end(sc.state.unsharded_grad, checkpointed=sc.ckpt(i))
+        last = sc.units[i].last_end(sc.state.unsharded_grad, checkpointed=sc.ckpt(i), in_place=sc.accumulates_in_place)
         moments.append(_mb(live, unsharded=unsharded, grads=grads, act=act + last, comm=held_rs + pending))
         moments += [_mb(live, unsharded=unsharded, grads=grads + done, act=act + own, comm=rs + ag + pending)
                     for own, rs, done, ag in live.inner(i)]

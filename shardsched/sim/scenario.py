@@ -186,16 +186,25 @@ class UnitCost:
             best = max(best, acts - (self.outside_activation_bytes if k == last else 0) + extra(b))
         return best
 
-    def last_end(self, grad_bytes: float, *, checkpointed: bool) -> int:
+    def layer_grad(self, k: int, grad_bytes: float, *, in_place: bool = False) -> int:
+        """The unsharded gradients layer k's backward adds: its parameters', or accumulating in
+        place (`Scenario.accumulates_in_place`) its largest parameter's, the rest already held
+        (`sim.memory.own_grad_bytes`)."""
+        if in_place and len(self.layer_dims) == len(self.layer_bytes):
+            return int(max((numel for _, numel in self.layer_dims[k]), default=0) * grad_bytes)
+        return int(self.layer_bytes[k].params * grad_bytes)
+
+    def last_end(self, grad_bytes: float, *, checkpointed: bool, in_place: bool = False) -> int:
         """Its own bytes at the end of its last layer's backward (the first to run backward):
         that layer's unsharded gradients and workspace next to the activations (kept bytes
         when checkpointed) of the layers before it; the previous unit's ReduceScatter input
         is held (the caller's)."""
         before = sum(b.kept if checkpointed else b.act for b in self.layer_bytes[:-1])
         last = self.layer_bytes[-1]
-        return int(last.params * grad_bytes) + before + last.ws
+        return self.layer_grad(len(self.layer_bytes) - 1, grad_bytes, in_place=in_place) + before + last.ws
 
-    def inner_moments(self, grad_bytes: float, *, checkpointed: bool) -> dict[tuple[str, int], Inner]:
+    def inner_moments(self, grad_bytes: float, *, checkpointed: bool,
+                      in_place: bool = False) -> dict[tuple[str, int], Inner]:
         """The moments of a fused unit's backward after its last layer's end, as FSDP2 (torch
         2.13) runs it module by module: layer k's backward ends with its unsharded gradients
         and workspace next to the activations of layers 0..k-1, while layer k+1's ReduceScatter
@@ -221,7 +230,9 @@ class UnitCost:
                 # the gradient of its output has arrived: live as it gathers
                 out["regather", k] = Inner(before + (b.kept if checkpointed else b.act) + b.out,
                                            k + 1, k, True)
-            out["reduce", k] = Inner(g + before, k, k, False)
+            # accumulating in place, the last layer (the first to reduce) added into the
+            # gradients held whole; the layers after the unit's reduce make theirs anew
+            out["reduce", k] = Inner((0 if in_place and k + 1 == len(layers) else g) + before, k, k, False)
             before += b.kept if checkpointed else b.act
         return out
 

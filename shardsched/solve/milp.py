@@ -272,7 +272,8 @@ def costs_of(p: Problem) -> Costs:
                  bwd_own=[c.backward_peak() for c in p.costs], rs_kept_by=rs_kept_by,
                  recall=[tuple(tuple(c.recall_bytes(sb.unsharded_grad, checkpointed=ck, gathered=gt)
                                      for ck in (False, True)) for gt in (True, False)) for c in p.costs],
-                 last_end=[tuple(c.last_end(sb.unsharded_grad, checkpointed=ck) for ck in (False, True))
+                 last_end=[tuple(c.last_end(sb.unsharded_grad, checkpointed=ck, in_place=sc.accumulates_in_place)
+                                 for ck in (False, True))
                            if plain.fused(i) else None for i, c in enumerate(p.costs)],
                  inner=inner, inner_most=[_inner_most(rows, s.inner if s else None) for rows, s in zip(inner, sac)],
                  lead=[c.lead_activation_bytes for c in p.costs], cklead=[c.checkpointed_lead_bytes for c in p.costs],
@@ -292,12 +293,13 @@ def _selective(p: Problem, sb, cl, inner: list) -> list:
             out.append(None)
             continue
         fused = inner[i] is not None
-        moments = c.inner_moments(sb.unsharded_grad, checkpointed=True) if fused else {}
+        moments = c.inner_moments(sb.unsharded_grad, checkpointed=True, in_place=sc.accumulates_in_place) if fused else {}
         keys = sorted(set(p.costs[i].inner_moments(sb.unsharded_grad, checkpointed=False)) | set(moments)) \
             if fused else []
         out.append(Selective(inp=c.input_bytes, start=sc.backward_start(i), fwd_own=sc.forward_bytes(i),
                              lead=c.checkpointed_lead_bytes,
-                             last_end=c.last_end(sb.unsharded_grad, checkpointed=True) if sc.fused(i) else None,
+                             last_end=c.last_end(sb.unsharded_grad, checkpointed=True, in_place=sc.accumulates_in_place)
+                             if sc.fused(i) else None,
                              loss=c.after_forward(),
                              inner=[moments[k].own if k in moments else None for k in keys] if fused else None,
                              rec=c.recompute(), recall=tuple(c.recall_bytes(sb.unsharded_grad, checkpointed=True, gathered=gt)
@@ -314,7 +316,7 @@ def _inner(c, sb, cl, unsh: dict, in_place: bool = False) -> list[tuple]:
     done = {k: c.done_grad_bytes(shard_count(k, cl), sb.grad) for k in ks}
     held = {k: in_place_reduce_bytes(c, rs[k], c.shard_numel(shard_count(k, cl)) * sb.grad, sb.reduce)
             for k in ks} if in_place else None
-    plain, ck = (c.inner_moments(sb.unsharded_grad, checkpointed=x) for x in (False, True))
+    plain, ck = (c.inner_moments(sb.unsharded_grad, checkpointed=x, in_place=in_place) for x in (False, True))
     out = []
     for key in sorted(set(plain) | set(ck)):
         m = plain.get(key) or ck[key]
