@@ -8,13 +8,15 @@ from the least-memory plan's peak to twice it), run under FSDP2 on a fake proces
 measured by FSDPMemTracker (tests/plan/_generated.py). A fixed sample of 50 runs here; the
 benchmark `bench/bench_generated_memory.py --cases 500` prints the distribution.
 
-What is asserted is what holds today (`--cases 500 --seed 10000`, session 7: 99% within 3%,
-97% within 1%, -2.0..+7.8%, 6 of 212 auto plans over their budget by 0.2-1.0%), and it is not
-yet the issue's goal of 3% on every case and no auto plan over its budget:
+What is asserted is what holds today (`--cases 500 --seed 10000`, session 8, a quarter of the
+plans accumulating 2-3 micro-batches: 99.8% within 3%, 96.6% within 1%, -2.7..+4.0%, 2 of 212
+auto plans over their budget by 0.18% and 0.19%), and it is not yet the issue's goal of 3% on
+every case and no auto plan over its budget:
 - every plan runs, and auto plans never exceed their budget by more than BUDGET_SLACK;
 - no prediction is more than UNDER below the measured peak (the dangerous side: a plan that
   says it fits and does not), none more than OVER above it, and at least INSIDE_3 of the
   sample is within 3%.
+Below, the cases that found a moment, each within 1% of FSDPMemTracker (and its budget).
 """
 import warnings
 
@@ -23,10 +25,10 @@ from hypothesis import HealthCheck, given, seed, settings
 
 from ._generated import cases, draw_case, measure
 
-UNDER = 0.025  # 500 cases (seeds 10000..10499): -2.0% at worst
-OVER = 0.08    # +7.8% at worst
-INSIDE_3 = 0.95  # 99% there
-BUDGET_SLACK = 0.01  # 6 of 212 auto plans over their budget, by 1.0% at most
+UNDER = 0.03   # 500 cases (seeds 10000..10499): -2.7% at worst (a CNN accumulating 2)
+OVER = 0.05    # +4.0% at worst (a Mixer on DDP)
+INSIDE_3 = 0.95  # 99.8% there
+BUDGET_SLACK = 0.003  # 2 of 212 auto plans over their budget, by 0.19% at most
 SAMPLE = 50
 _seen: list[dict] = []
 
@@ -58,15 +60,41 @@ def test_generated_models_and_plans_against_fsdp2():
     assert inside >= INSIDE_3
 
 
+def _case(k: int) -> dict:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+        return measure(*draw_case(k))
+
+
 @pytest.mark.parametrize("k", [10150, 10154, 10387])
 def test_repeated_blocks_the_generator_found(k):
     """Blocks applied 2-3 times, under shard_grad_op (auto, checkpointed), full_shard next to
     replicate units, and DDP: FSDP2 gathers a repeated module again for each earlier call's
     backward, next to the gradient its later calls accumulated ([Note: a repeated module's
     later calls] in plan/units.py). Before: -4.2% (over its budget), +7.8%, +6.1%."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
-        c = measure(*draw_case(k))
+    c = _case(k)
     assert abs(c["error"]) <= 0.01, c["error"]
     if c["budget"] is not None:
         assert c["measured"] <= c["budget"], (c["measured"], c["budget"])
+
+
+@pytest.mark.parametrize("k", [10003, 10054, 10058, 10217])
+def test_accumulating_plans_the_generator_found(k):
+    """Accumulation until the last micro-batch ([Note: accumulation memory] in sim/memory.py):
+    DDP under no_sync keeps `.grad` beside its bucket (-6.7%); gradients added in place, not
+    beside (+4.3%); a fused unit's last micro-batch reduces the whole unit at its first module
+    (-7.2%, over its budget) and its last layer adds into what it reduces (+12.2%)."""
+    c = _case(k)
+    assert abs(c["error"]) <= 0.015, c["error"]
+    if c["budget"] is not None:
+        assert c["measured"] <= c["budget"], (c["measured"], c["budget"])
+
+
+@pytest.mark.parametrize("k", [10080, 10240])
+def test_auto_after_a_recomputed_unit_fits(k):
+    """Auto plans of CNNs with a selective or checkpointed unit before a plain one: the plain
+    unit's saved input was the recomputed unit's output, counted by neither ([Note: the output
+    a recomputed unit hands over] in sim/scenario.py): 0.2% and 0.33% over their budgets."""
+    c = _case(k)
+    assert c["measured"] <= c["budget"], (c["measured"], c["budget"])
+    assert abs(c["error"]) <= 0.02, c["error"]
