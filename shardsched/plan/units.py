@@ -182,6 +182,7 @@ class LayerBytes(NamedTuple):
     out: int = 0       # its output: the gradient its backward receives is this size
     calls: int = 1     # forward calls ([Note: repeated modules])
     recall_ws: int = 0  # a repeated layer's later calls' workspace (`LayerProfile.recall_workspace_bytes`)
+    bws: int = 0       # its workspace on DDP (`LayerProfile.bucketed_workspace_bytes`); 0 = unknown
 
 
 def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
@@ -201,7 +202,7 @@ def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
         out.append(LayerBytes(kept_when_checkpointed(layer), layer.activation_bytes, ws + (ows if inner else 0),
                               layer.params, recomputed_bytes(layer), produced, max(ck_produced, produced),
                               layer.input_bytes // max(1, layer.calls), layer.output_bytes, max(1, layer.calls),
-                              layer.recall_workspace_bytes or ws))
+                              layer.recall_workspace_bytes or ws, layer.bucketed_workspace_bytes or ws))
     return tuple(out)
 
 

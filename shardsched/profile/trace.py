@@ -162,6 +162,7 @@ class _Stats:
         self.forward_nosave: dict[str, int] = defaultdict(int)  # the same, saving nothing
         self.exit: dict[str, int] = defaultdict(int)  # measured, [Note: exit windows]
         self.recall: dict[str, int] = defaultdict(int)  # repeated modules' later calls' windows
+        self.bucketed: dict[str, int] = defaultdict(int)  # backward windows, gradients bucketed
         self.output: dict[str, int] = defaultdict(int)  # `LayerProfile.output_bytes`
         self.forward_sac: dict[str, int] = defaultdict(int)  # the same, keeping what SAC stores
         self.outside: dict[str, int] = defaultdict(int)  # `LayerProfile.outside_bytes`
@@ -421,6 +422,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         tracer.stats.forward_peak.update(ws.forward)
         tracer.stats.exit.update(ws.exit)
         tracer.stats.recall.update(ws.recall)
+        tracer.stats.bucketed.update(ws.bucketed)
         tracer.remove()
     with _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, rules, warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -550,7 +552,7 @@ def _expand(tracer: _Tracer, full: list[str], kids: list[str], stacks) -> None:
     st = tracer.stats
     targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
     plain = (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
-             st.forward_nosave, st.entry, st.sac_saved, st.sac_moved, st.forward_sac, st.sac_outside, st.exit, st.output, st.recall)
+             st.forward_nosave, st.entry, st.sac_saved, st.sac_moved, st.forward_sac, st.sac_outside, st.exit, st.output, st.recall, st.bucketed)
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
                   {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
                   [d.get(src, 0) for d in plain], dict(st.sac_flops.get(src, {}))) for _, src in targets}
@@ -608,6 +610,7 @@ def _fold(stats: _Stats, ran: list[str], final: list[str]) -> None:
         stats.forward_nosave[target] = max(stats.forward_nosave[target], stats.forward_nosave.pop(k, 0))
         stats.exit[target] = max(stats.exit[target], stats.exit.pop(k, 0))
         stats.recall[target] = max(stats.recall[target], stats.recall.pop(k, 0))
+        stats.bucketed[target] = max(stats.bucketed[target], stats.bucketed.pop(k, 0))
         stats.forward_sac[target] = max(stats.forward_sac[target], stats.forward_sac.pop(k, 0))
 
 
@@ -638,6 +641,7 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         checkpointed_forward_bytes=st.forward_nosave.get(name, 0) if name != L.ROOT else 0,
         exit_bytes=st.exit.get(name, 0) if name != L.ROOT else 0, output_bytes=st.output.get(name, 0),
         recall_workspace_bytes=st.recall.get(name, 0) if st.calls.get(name, 1) > 1 else 0,
+        bucketed_workspace_bytes=st.bucketed.get(name, 0) if name != L.ROOT else 0,
         selective_saved_bytes=st.sac_saved.get(name, 0),
         selective_forward_bytes=st.forward_sac.get(name, 0) if name != L.ROOT else 0,
         selective_outside_input_bytes=st.sac_outside.get(name, 0),

@@ -87,6 +87,10 @@ class LayerProfile:
     """Times its module runs in one forward (ALBERT's shared layer: once per depth).
     Parameters and workspace count once; `activation_bytes` and `input_bytes` are the
     sums over its calls ([Note: repeated modules] in plan/units.py)."""
+    bucketed_workspace_bytes: int = 0
+    """`workspace_bytes` as DDP runs the backward: each parameter's gradient leaves for the
+    bucket as it is accumulated ([Note: bucketed windows] in profile/workspace.py), measured
+    above its activations; 0 = unknown (`workspace_bytes` then stands for it)."""
     recall_workspace_bytes: int = 0
     """A repeated module: `workspace_bytes` of its calls after the first to run backward,
     whose windows start above the gradient the first accumulated (its own is produced into

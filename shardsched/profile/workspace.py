@@ -116,6 +116,15 @@ def watch_backward(module: nn.Module, start, end) -> list:
 # hold what it is about to save); `sim.memory` adds everything saved through the unit back.
 
 
+# [Note: bucketed windows]
+# DDP copies each parameter's gradient into its bucket as autograd accumulates it and frees
+# it (`gradient_as_bucket_view`), so its backward never holds a layer's gradients at once, as
+# FSDP2's unsharded ones are. Each backward window also records its peak of live bytes less
+# the parameters' gradients accumulated by then (a post-accumulate-grad hook per parameter):
+# the produced gradient is counted while the op that made it is live, not after
+# (`LayerProfile.bucketed_workspace_bytes`, read for plans that run on DDP in `sim.memory`).
+
+
 # [Note: the root's backward tail]
 # What runs in backward after the last layer window closes is the root module's own
 # backward: the embedding lookup of a model whose embedding the root unit holds (a tied
@@ -134,11 +143,19 @@ class BackwardWorkspace(TorchDispatchMode):
     def __init__(self, model: nn.Module, layers: list[str], children: list[str], *, persistent=()):
         super().__init__()
         self.live = 0
+        self.handles = []
+        self.grads = 0  # parameters' gradients accumulated so far ([Note: bucketed windows])
+        self._grad_storages = WeakIdKeyDictionary()
+        self.bucketed: dict[str, int] = {}
+        """Per module, its backward windows with each parameter's gradient gone once it is
+        accumulated, as DDP copies it into its bucket ([Note: bucketed windows])."""
         self._seen = WeakIdKeyDictionary()
         # Parameters, buffers and inputs are not allocations of the step: ops return views
         # of them (a weight's transpose), whose storage must not count when first seen.
         for t in persistent:
             self._seen[t.untyped_storage()] = 0
+            if t.requires_grad:
+                self.handles.append(t.register_post_accumulate_grad_hook(self._accumulated))
         self._open: dict[str, list[int]] = {}  # name -> [base, peak]
         self._tail: list[int] | None = None  # [base, peak] once every window has closed
         self.workspace: dict[str, int] = {}
@@ -156,7 +173,6 @@ class BackwardWorkspace(TorchDispatchMode):
         self.exit: dict[str, int] = {}
         """Per module, the most the code after it holds that nothing saved ([Note: exit
         windows])."""
-        self.handles = []
         for name in [*(n for n in layers if n), *children]:
             self._attach(model.get_submodule(name), name)
 
@@ -177,12 +193,21 @@ class BackwardWorkspace(TorchDispatchMode):
     def _free(self, nbytes: int) -> None:
         self.live -= nbytes
 
+    def _accumulated(self, param: torch.Tensor) -> None:
+        """A parameter's gradient is in `.grad` (its first one stored, later ones added in)."""
+        st = param.grad.untyped_storage() if param.grad is not None else None
+        if st is not None and st not in self._grad_storages:
+            self._grad_storages[st] = True
+            self.grads += self._seen.get(st, 0)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             self._track(t)
         for window in [*self._open.values(), *self._fopen.values()]:
             window[1] = max(window[1], self.live)
+        for window in self._open.values():
+            window[3] = max(window[3], self.live - self.grads)
         for name, peak in self._gaps.items():
             self._gaps[name] = max(peak, self.live)
         if self._tail is not None:
@@ -197,7 +222,8 @@ class BackwardWorkspace(TorchDispatchMode):
 
     def _attach(self, module: nn.Module, name: str) -> None:
         def start(grad):
-            self._open[name] = [self.live - self._incoming([grad]), self.live]
+            base = self.live - self._incoming([grad])
+            self._open[name] = [base, self.live, base - self.grads, self.live - self.grads]
             self._tail = None  # code between two layers' backward: not the root's tail
 
         def end():
@@ -228,8 +254,9 @@ class BackwardWorkspace(TorchDispatchMode):
         self._gaps.clear()
 
     def _close(self, name: str) -> None:
-        base, peak = self._open.pop(name)
+        base, peak, nbase, npeak = self._open.pop(name)
         self.workspace[name] = max(self.workspace.get(name, 0), peak - base)
+        self.bucketed[name] = max(self.bucketed.get(name, 0), npeak - nbase)
         self._closed[name] = self._closed.get(name, 0) + 1
         if self._closed[name] > 1:  # a repeated module's later call ([Note: a repeated module's later calls])
             self.recall[name] = max(self.recall.get(name, 0), peak - base)

@@ -208,8 +208,10 @@ class _Live:
         if self.ddp:
             zero = [0] * sc.n
             self.rsbuf, self.agbuf, self.pend, self.rs_kept = zero, zero, zero, zero
-            # only a tied tensor's gradient waits (for its second use) outside the bucket
+            # only a tied tensor's gradient waits (for its second use) outside the bucket; the
+            # others leave for it as they are accumulated ([Note: bucketed windows])
             self.root_grad = sc.root_tied_numel * sb.unsharded_grad if sc.units[0].layers == ("",) else 0
+            self.ugrad = [0] * sc.n
             if self.root_grad or sc.units[0].layers == ("",):
                 self.ugrad[0] = self.root_grad
 
@@ -325,10 +327,13 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
     # Backward frees the unit's activations as it produces its gradients: at the
     # start all activations are live, at the end all gradients; the workspace
     # (gradients of the largest activations) is live throughout.
-    moments = [_mb(live, unsharded=unsharded, grads=grads, act=act + sc.backward_start(i), comm=held_rs + pending)]
+    own = sc.units[i].bucketed_peak() if live.ddp else sc.backward_start(i)  # (DDP plans recompute nothing)
+    moments = [_mb(live, unsharded=unsharded, grads=grads, act=act + own, comm=held_rs + pending)]
     if not sc.fused(i):
         moments += [_mb(live, unsharded=unsharded, grads=grads + live.ugrad[i],
-                        act=act + sc.units[i].workspace_bytes, comm=held_rs + pending),
+                        # on DDP only the root's tail (the tied embedding's backward) ends beside a gradient
+                        act=act + (0 if live.ddp and sc.units[i].layers != ("",) else sc.units[i].workspace_bytes),
+                        comm=held_rs + pending),
                     _mb(live, unsharded=live.unsharded_live(s, exclude=i), grads=grads + live.ugrad[i],
                         act=act, comm=live.rsbuf[i] + pending)]
     else:  # module by module; the unit stays gathered until its last module's backward

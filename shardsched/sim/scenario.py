@@ -168,6 +168,14 @@ class UnitCost:
             return self.activation_bytes + self.workspace_bytes
         return self._layer_by_layer(lambda b: b.ws)
 
+    def bucketed_peak(self) -> int:
+        """`backward_peak` as DDP runs it: each gradient leaves for the bucket as it is
+        accumulated, so its windows are the bucketed ones ([Note: bucketed windows] in
+        profile/workspace.py) and no layer's gradients are held at its end."""
+        if not self.layer_bytes:
+            return self.activation_bytes + self.workspace_bytes
+        return self._layer_by_layer(lambda b: b.bws)
+
     def forward_peak(self) -> int:
         """Its own activations and transients at the peak of its forward when not
         checkpointed: layer k produces its tensors (`LayerBytes.produced`, measured) next to
