@@ -31,9 +31,9 @@ class Replay:
         self.units = [with_host_overhead(c, cl) for c in p.costs]
         # seconds a backward recomputes, per checkpointing mode (`Scenario.backward_seconds`): a
         # selective unit recomputes its selective form's share (`UnitCost.recompute`), not its forward
-        sel = [with_host_overhead(c, cl).recompute() for c in p.selective] or [None] * p.n
-        self.redo = {i: {Checkpoint.FULL: u.recompute(), Checkpoint.SELECTIVE: sel[i]}
-                     for i, u in enumerate(self.units)}
+        sel = [with_host_overhead(c, cl).recompute() for c in p.selective] or [0.0] * p.n
+        self.full = [u.backward_seconds + u.recompute() for u in self.units]
+        self.sac = [u.backward_seconds + r for u, r in zip(self.units, sel)]
         self.per_param = optimizer_seconds_per_param(self.sb, cl)
         self.blocking = not cl.device.overlap
         self._tab: dict[tuple[int, Strategy], tuple[float, float, float, int]] = {}
@@ -77,9 +77,10 @@ class Replay:
             if s < n:
                 prev_end = start + units[s].forward_seconds
             elif s < 2 * n:
-                u = units[2 * n - 1 - s]
-                mode = ckpt[2 * n - 1 - s]
-                prev_end = start + (u.backward_seconds + (self.redo[2 * n - 1 - s][Checkpoint(mode)] if mode else 0.0))
+                i = 2 * n - 1 - s
+                mode = ckpt[i]
+                prev_end = start + (self.sac[i] if mode is Checkpoint.SELECTIVE else self.full[i] if mode
+                                    else units[i].backward_seconds)
                 rs_start = max(channel_free, prev_end)
                 channel_free = rs_start + tab[2 * n - 1 - s][2]
                 last_reduce = channel_free
