@@ -72,6 +72,8 @@ def search_space(problems: list[Problem], effort: Effort, pins: dict) -> dict:
                            "milp_best_grouping_narrowed_up_to_units": effort.lead_launches // 4,
                            "milp_root_bound_up_to_units": int(effort.bound_units * effort.scale),
                            "local_search_unit_evaluations": int(effort.local_work * effort.scale),
+                           "lead_contenders": {"within": effort.contend, "at_most": effort.contenders,
+                                               "up_to_units": FULL_WINDOW_UNITS},
                            "threads": 1, "random_seed": 0}}
 
 

@@ -10,7 +10,6 @@ import itertools
 import math
 from typing import NamedTuple
 
-from shardsched.core.types import Checkpoint
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.sim.memory import step_memory
 from shardsched.sim.timeline import replay
@@ -33,9 +32,7 @@ def _launch_options(p: Problem, strategies) -> list[list]:
 def _ckpt_options(p: Problem):
     if not p.checkpointable:
         return [()]
-    # full and none stay booleans (`Choice.ckpt`), so choices compare with the other solvers'
-    options = [(False, True, Checkpoint.SELECTIVE) if p.can_select(i) else (False, True) if p.can_checkpoint(i)
-               else (False,) for i in range(p.n)]  # never the root
+    options = [p.checkpoint_modes(i) or (False,) for i in range(p.n)]  # never the root
     return [c if any(c) else () for c in itertools.product(*options)]
 
 

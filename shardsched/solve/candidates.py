@@ -78,6 +78,14 @@ class Problem(NamedTuple):
         """Whether unit i may be checkpointed selectively."""
         return bool(self.selective) and self.can_checkpoint(i)
 
+    def checkpoint_modes(self, i: int) -> tuple:
+        """Unit i's checkpointing choices as `Choice.ckpt` holds them: none and full as booleans
+        (so choices compare equal across solvers), selective where offered; () where it may
+        not be checkpointed."""
+        if not self.can_checkpoint(i):
+            return ()
+        return (False, True, Checkpoint.SELECTIVE) if self.can_select(i) else (False, True)
+
     def all_checkpointed(self) -> tuple[bool, ...]:
         """Every unit that may be checkpointed, checkpointed (`STRATEGY+ckpt`)."""
         return tuple(self._replace(checkpointable=True).can_checkpoint(i) for i in range(self.n))

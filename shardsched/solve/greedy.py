@@ -135,7 +135,7 @@ class Evaluator:
 
 def _mode(ch: Choice, i: int) -> int:
     """Unit i's checkpointing as an index: 0 none, 1 full, 2 selective (`Costs.inner_most`)."""
-    mode = Checkpoint(ch.ckpt[i]) if ch.ckpt else Checkpoint.NONE
+    mode = ch.ckpt[i] if ch.ckpt else False  # a bool or a `Checkpoint` (`Choice.ckpt`)
     return 2 if mode is Checkpoint.SELECTIVE else int(bool(mode))
 
 

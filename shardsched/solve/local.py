@@ -7,7 +7,8 @@ instead of hybrid_shard), one unit's checkpointing, one AllGather launched a ste
 Each such choice is a move here, re-scored exactly by greedy's `Evaluator` (the fast peak,
 then the replay), so nothing is approximated:
   1. single moves, first improvement, scanning units in order: a unit's strategy (its backward
-     AllGather kept where it was, or at its use), its checkpointing, its forward or backward
+     AllGather kept where it was, or at its use), its checkpointing (none, full, and selective
+     where the Problem offers it: `Problem.checkpoint_modes`), its forward or backward
      AllGather one step earlier or later (within `milp.windows`, the declared space);
   2. when no single move improves: exchanges. A faster move that does not fit is paired with a
      move that frees memory at the least cost (at the budget, speed in one unit is bought with
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 from typing import Iterator, NamedTuple
 
+from shardsched.core.types import Checkpoint
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.solve.greedy import Evaluator, _hoisted, _with
 
@@ -84,10 +86,11 @@ def neighbours(p: Problem, ch: Choice, i: int, *, ahead: int) -> Iterator[Choice
         if k.gathers_for_backward and ch.bwd[i] is not None:
             moved = _hoisted(moved, bwd={i: ch.bwd[i]})
         yield moved
-    if p.can_checkpoint(i):
-        ck = ch.ckpt or (False,) * n
-        flipped = ck[:i] + (not ck[i],) + ck[i + 1:]
-        yield ch._replace(ckpt=flipped if any(flipped) else ())
+    ck = ch.ckpt or (False,) * n
+    for mode in p.checkpoint_modes(i):
+        if Checkpoint(mode) is not Checkpoint(ck[i]):
+            moved = ck[:i] + (mode,) + ck[i + 1:]
+            yield ch._replace(ckpt=moved if any(moved) else ())
     lo, hi = max(0, i - ahead), i
     for f in _steps(ch.fwd[i], lo, hi):
         yield _hoisted(ch, fwd={i: f})

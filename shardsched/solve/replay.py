@@ -14,7 +14,7 @@ plan that runs on DDP (`Scenario.on_ddp`: no FSDP2 host work) takes `replay` its
 """
 from __future__ import annotations
 
-from shardsched.core.types import Strategy
+from shardsched.core.types import Checkpoint, Strategy
 from shardsched.cost.memory import state_bytes
 from shardsched.cost.strategy import gather_seconds, reduce_seconds, shard_count
 from shardsched.plan.schedule import optimizer_seconds_per_param, with_host_overhead
@@ -29,6 +29,11 @@ class Replay:
         self.p, cl = p, p.cluster
         self.sb = state_bytes(p.precision, p.optimizer)
         self.units = [with_host_overhead(c, cl) for c in p.costs]
+        # seconds a backward recomputes, per checkpointing mode (`Scenario.backward_seconds`): a
+        # selective unit recomputes its selective form's share (`UnitCost.recompute`), not its forward
+        sel = [with_host_overhead(c, cl).recompute() for c in p.selective] or [0.0] * p.n
+        self.full = [u.backward_seconds + u.recompute() for u in self.units]
+        self.sac = [u.backward_seconds + r for u, r in zip(self.units, sel)]
         self.per_param = optimizer_seconds_per_param(self.sb, cl)
         self.blocking = not cl.device.overlap
         self._tab: dict[tuple[int, Strategy], tuple[float, float, float, int]] = {}
@@ -72,8 +77,10 @@ class Replay:
             if s < n:
                 prev_end = start + units[s].forward_seconds
             elif s < 2 * n:
-                u = units[2 * n - 1 - s]
-                prev_end = start + (u.backward_seconds + (u.forward_seconds if ckpt[2 * n - 1 - s] else 0.0))
+                i = 2 * n - 1 - s
+                mode = ckpt[i]
+                prev_end = start + (self.sac[i] if mode is Checkpoint.SELECTIVE else self.full[i] if mode
+                                    else units[i].backward_seconds)
                 rs_start = max(channel_free, prev_end)
                 channel_free = rs_start + tab[2 * n - 1 - s][2]
                 last_reduce = channel_free

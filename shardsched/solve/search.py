@@ -8,8 +8,9 @@ AllGather launch point within `milp.windows` of its use. Per grouping, in a fixe
      least-memory schedule hoisted as far as fits then upgraded (`hoisted_least`), a
      fitting uniform baseline of that grouping, and any `seeds` (schedules found at a
      smaller budget: they fit this one too); the best, with checkpointing switched off
-     wherever it still fits (`_polished`); for the lead grouping (the best start), then
-     the local search (`solve.local`, within `Effort.local_work`);
+     wherever it still fits (`_polished`); for the lead grouping (the best start, or the
+     fastest contender after half a polish: [Note: contenders for the lead]), then the local
+     search (`solve.local`, within `Effort.local_work`);
   2. a lower bound no schedule of it beats (`milp.lower_bound`, O(n log n)); a grouping whose
      bound is not below the incumbent is closed without a MILP;
   3. the MILP, warm-started from the best start, within a node limit (`Effort`): it never
@@ -123,6 +124,17 @@ class Effort(NamedTuple):
     """A lead grouping of more units that gets a narrowed MILP gets half the local work per
     polish: that MILP's root takes 4-6 CPU s (41-64 units) and the 10 s target needs the rest
     (s7: the same plans on the 41-64-unit cases of `bench_plan_speed.py --random 8`, seeds 0-2)."""
+
+    contend: float = 0.01
+    """Groupings whose start is within this fraction of the best start are contenders for the
+    lead (`search._contend`): starts are heuristics, and 1% between them says little about
+    where a search from them ends (`bench_plan_speed.py --random 8 --seed 0`, r2: the best
+    start, a partitioned 22-unit grouping, ends at 0.5770 s with a bound of 0.5749; the 23-unit
+    grouping 0.8% behind it ends at 0.5651 s, the 10x search's)."""
+    contenders: int = 3
+    """At most this many contenders, best start first; none when one of them has more than
+    `FULL_WINDOW_UNITS` units (there a polish costs seconds of the 10 s target, and the
+    41-64-unit leads' narrowed MILPs take the rest)."""
 
     def lead_effort(self, p: Problem) -> Effort:
         halve = p.n > self.halve_units * self.scale and self.narrow(p) > 0
@@ -280,17 +292,19 @@ def local_polish(p: Problem, s: Scored | None, *, budget: int, effort: Effort) -
 
 
 def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Effort, incumbent: float,
-                   deadline: float, notes: list, lead: bool = False) -> Outcome:
+                   deadline: float, notes: list, lead: bool = False, polished: int = 0) -> Outcome:
     """Steps 2-3 of the module docstring for one grouping. The lead grouping (best start)
     is polished before its MILP (HiGHS's root heuristics search around the start: on the
     24-layer GPT of bench/bench_plan_speed.py, 0.2477 s from a polished start, 0.2755 s
-    from the greedy's) and after."""
+    from the greedy's) and after; `polished`: the local work its start has had already
+    (`_contend`), taken from that first polish."""
     lb = milp.lower_bound(p, budget)
     if start is not None and start.seconds <= lb * (1 + OPTIMAL_TOL):
         return Outcome(start, start.seconds)  # the start meets the bound: optimal, nothing to solve
     if lead:
         effort = effort.lead_effort(p)
-        start = local_polish(p, start, budget=budget, effort=effort)
+        first = effort._replace(local_work=max(0, effort.local_work - polished))
+        start = local_polish(p, start, budget=budget, effort=first)
     if lb >= incumbent or not effort.runs_milp(p, lead=lead) or (start is None and p.n > FULL_WINDOW_UNITS):
         return Outcome(start, lb)  # closed by the bound, or left to the bound (size rule)
     left = deadline - time.perf_counter()
@@ -315,6 +329,37 @@ def _partitioned(p: Problem) -> bool:
     return any(name not in names for c in p.costs for name in c.layers)
 
 
+def _order(problems: list[Problem], starts: dict) -> list[int]:
+    """Best start first; ties (and groupings with none, last) by position."""
+    return sorted(range(len(problems)), key=lambda i: (starts[key(problems[i])] is None,
+                                                       getattr(starts[key(problems[i])], "seconds", 0.0), i))
+
+
+def _contend(problems: list[Problem], starts: dict, *, budget: int, effort: Effort) -> tuple[list[int], int]:
+    """The visiting order, and the local work the lead's start has had.
+
+    [Note: contenders for the lead] Only the lead grouping gets the local search and the MILP
+    before the end, so which grouping leads decides the plan, and starts 1% apart do not say
+    which search ends faster. Groupings whose start is within `Effort.contend` of the best
+    (up to `Effort.contenders`, when none has more than `FULL_WINDOW_UNITS` units) are each polished with
+    half the local work first, in the order of their starts; the fastest then leads, and its
+    first polish in `solve_grouping` gets the other half, so the lead's work is unchanged and
+    each other contender costs half a polish. Deterministic: the rule reads the starts only."""
+    order = _order(problems, starts)
+    best = starts[key(problems[order[0]])]
+    if best is None:
+        return order, 0
+    near = [i for i in order if starts[key(problems[i])] is not None
+            and starts[key(problems[i])].seconds <= best.seconds * (1 + effort.contend)][:effort.contenders]
+    if len(near) < 2 or any(problems[i].n > FULL_WINDOW_UNITS for i in near):
+        return order, 0
+    half = effort._replace(local_work=effort.local_work // 2)
+    for i in near:
+        p = problems[i]
+        starts[key(p)] = local_polish(p, starts[key(p)], budget=budget, effort=half)
+    return _order(problems, starts), half.local_work
+
+
 def search(problems: list[Problem], *, budget: int, base: list[Scored], seeds: tuple[Scored, ...] = (),
            effort: Effort = Effort(), time_limit: float = math.inf) -> Search | None:
     """The fastest fitting schedule over `problems` and its whole-space bound; None when
@@ -332,13 +377,12 @@ def search(problems: list[Problem], *, budget: int, base: list[Scored], seeds: t
     for p in sorted(problems, key=_partitioned):  # unpartitioned first: they decide "something fits"
         skip = _partitioned(p) and p.n > 2 * FULL_WINDOW_UNITS and any(starts.values())
         starts[key(p)] = _start(p, budget=budget, extra=extra.get(key(p), []), greedy_ok=not skip)
-    order = sorted(range(len(problems)), key=lambda i: (starts[key(problems[i])] is None,
-                                                        getattr(starts[key(problems[i])], "seconds", 0.0), i))
+    order, polished = _contend(problems, starts, budget=budget, effort=effort)
     outcomes, incumbent = {}, min((s.seconds for s in starts.values() if s), default=math.inf)
     for i in order:
         p = problems[i]
         o = solve_grouping(p, starts[key(p)], budget=budget, effort=effort, incumbent=incumbent,
-                           deadline=deadline, notes=notes, lead=i == order[0])
+                           deadline=deadline, notes=notes, lead=i == order[0], polished=polished)
         outcomes[key(p)] = o
         incumbent = min(incumbent, o.best.seconds if o.best else math.inf)
     pool = [o.best for o in outcomes.values() if o.best] + [s for s in (*base, *seeds) if s.peak <= budget]

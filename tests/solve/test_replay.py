@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from shardsched.core.types import Optimizer, Precision, Strategy
+from shardsched.core.types import Checkpoint, Optimizer, Precision, Strategy
 from shardsched.cost.device import DEVICES, Cluster
 from shardsched.models.gpt_config import GPTConfig
 from shardsched.profile.analytic import analytic_profile
@@ -50,3 +50,19 @@ def test_a_plan_on_ddp_is_priced_as_ddp():
     sc = p.scenario(ch)
     assert sc.on_ddp
     assert Replay(p).seconds(ch) == replay(sc).step_seconds
+
+
+def test_a_selective_unit_recomputes_its_selective_share():
+    """A selective unit's backward recomputes `UnitCost.recompute` of its selective form, not its
+    forward (`Scenario.backward_seconds`): choices that mix none, full and selective."""
+    from tests.solve.test_selective_vs_brute import mixed_choice, synth_sac
+    r, modes = random.Random(1), set()
+    for cluster in (OVERLAP, A100):
+        for p in candidate_problems(synth_sac(4, 1), cluster, **KW):
+            p = p._replace(checkpointable=True)
+            fast = Replay(p)
+            for _ in range(20):
+                ch = mixed_choice(p, r)
+                modes.update(ch.ckpt)
+                assert fast.seconds(ch) == replay(p.scenario(ch)).step_seconds
+    assert Checkpoint.SELECTIVE in modes
