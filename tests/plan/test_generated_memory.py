@@ -85,7 +85,8 @@ def test_accumulating_plans_the_generator_found(k):
     beside (+4.3%); a fused unit's last micro-batch reduces the whole unit at its first module
     (-7.2%, over its budget) and its last layer adds into what it reduces (+12.2%)."""
     c = _case(k)
-    assert abs(c["error"]) <= 0.015, c["error"]
+    # within the issue's 3% (auto's plan follows the solver: 10058's is 2% over), under by 1% at most
+    assert -0.01 <= c["error"] <= 0.03, c["error"]
     if c["budget"] is not None:
         assert c["measured"] <= c["budget"], (c["measured"], c["budget"])
 
