@@ -136,18 +136,22 @@ def own_grad_bytes(unit, sc: Scenario) -> int:
     return unit.params * sc.state.unsharded_grad
 
 
-def in_place_reduce_bytes(unit, rs: list[int], shard_bytes: int, reduce: int) -> dict:
-    """Accumulating in place (`Scenario.accumulates_in_place`), what a fused unit's moment holding
-    layer r's ReduceScatter input, the layers after d reduced, holds beyond the unsharded
-    gradients `accumulation_bytes` counts whole: before the last micro-batch nothing is reduced
+def in_place_reduce_bytes(unit, rs: list[int], shard_bytes: int, reduce: int) -> tuple[int, int]:
+    """Accumulating in place (`Scenario.accumulates_in_place`), what a fused unit's inner moments
+    hold beyond the unsharded gradients `accumulation_bytes` counts whole, as (at its first
+    module's reduce, at every later moment). Before the last micro-batch nothing is reduced
     (0); in it every parameter of the unit has a gradient at its first module's post-backward,
     so FSDP2 reduces the whole unit there (its ReduceScatter input padded, next to the unsharded
     gradients it copies), then holds that input and the unit's shards, its unsharded gradients
-    freed (FSDPMemTracker on a fused CNN accumulating 3: 5% under with per-layer inputs).
-    Keyed [r][d] as `UnitCost.inner_moments`."""
-    last, whole = len(unit.layer_bytes) - 1, sum(rs)
-    after = max(0, whole + shard_bytes - unit.params * reduce)
-    return {r: {d: whole if r == d == last else after for d in range(last + 1)} for r in range(last + 2)}
+    freed (FSDPMemTracker on a fused CNN accumulating 3: 5% under with per-layer inputs)."""
+    whole = sum(rs)
+    return whole, max(0, whole + shard_bytes - unit.params * reduce)
+
+
+def in_place_held(first_reduce: int, after: int, m, last: int) -> int:
+    """`in_place_reduce_bytes` of inner moment m (`UnitCost.inner_moments`) of a unit whose last
+    layer is `last`: the first module's reduce is its last layer's."""
+    return first_reduce if m.reducing == m.done == last else after
 
 
 def accumulation_bytes(sc: Scenario, live: "_Live", s: int) -> int:
@@ -266,7 +270,8 @@ class _Live:
         rs, done = sc.reduce_bytes(i), sc.done_bytes(i)
         if sc.accumulates_in_place:
             held = in_place_reduce_bytes(sc.units[i], rs, self.shard[i] * sc.state.grad, sc.state.reduce)
-            return [(m.own, held[m.reducing][m.done], 0, self.agbuf[i] if m.gathered else 0) for m in moments]
+            last = len(sc.units[i].layers) - 1
+            return [(m.own, in_place_held(*held, m, last), 0, self.agbuf[i] if m.gathered else 0) for m in moments]
         return [(m.own, rs[m.reducing], done[m.done], self.agbuf[i] if m.gathered else 0) for m in moments]
 
 

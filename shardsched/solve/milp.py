@@ -58,8 +58,8 @@ import numpy as np
 
 from shardsched._stdout import native_quiet
 from shardsched.cost.strategy import gather_seconds, held_after_forward, reduce_seconds, shard_count
-from shardsched.sim.memory import (extra_gather, forward_gathers, holds_root_grad, in_place_reduce_bytes, own_grad_bytes,
-                                   root_grad_bytes)
+from shardsched.sim.memory import (extra_gather, forward_gathers, holds_root_grad, in_place_held, in_place_reduce_bytes,
+                                   own_grad_bytes, root_grad_bytes)
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.plan.schedule import optimizer_seconds_per_param
 from shardsched.core.types import Checkpoint, GradSync, Strategy
@@ -310,7 +310,7 @@ def _selective(p: Problem, sb, cl, inner: list) -> list:
 def _inner(c, sb, cl, unsh: dict, in_place: bool = False) -> list[tuple]:
     """`Costs.inner` of one fused unit: its moments plain and checkpointed, paired by key,
     with what each holds per strategy (`sim.memory._Live.inner`; `in_place`:
-    `Scenario.accumulates_in_place`, no ReduceScatter input or shards beside the gradients)."""
+    `Scenario.accumulates_in_place`, what `sim.memory.in_place_reduce_bytes` holds instead)."""
     ks = tuple(Strategy)
     rs = {k: c.layer_reduce_bytes(shard_count(k, cl), sb.reduce) for k in ks}
     done = {k: c.done_grad_bytes(shard_count(k, cl), sb.grad) for k in ks}
@@ -320,7 +320,7 @@ def _inner(c, sb, cl, unsh: dict, in_place: bool = False) -> list[tuple]:
     out = []
     for key in sorted(set(plain) | set(ck)):
         m = plain.get(key) or ck[key]
-        per = {k: (held[k][m.reducing][m.done] if held else rs[k][m.reducing] + done[k][m.done])
+        per = {k: (in_place_held(*held[k], m, len(c.layers) - 1) if held else rs[k][m.reducing] + done[k][m.done])
                + (forward_gathers(c, k) * unsh[k] if m.gathered else 0) for k in ks}
         out.append((plain[key].own if key in plain else None, ck[key].own if key in ck else None, per))
     return out
