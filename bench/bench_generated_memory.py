@@ -38,7 +38,7 @@ def collect(n: int, first: int) -> list[dict]:
         except Exception as e:  # noqa: BLE001 - a case that cannot run is a finding too
             cases.append({"spec": s, "plan": ps, "failed": f"{type(e).__name__}: {str(e)[:160]}"})
         c = cases[-1]
-        print(f"{k:4d} {s.family:5s} {ps.strategy + ('/' + ps.other if ps.other else ''):30s} w={ps.world:3d} "
+        print(f"{k:4d} {'unet' if s.skip else s.family:5s} {ps.strategy + ('/' + ps.other if ps.other else ''):30s} w={ps.world:3d} "
               + (f"err={c['error']:+7.1%}" if "error" in c else c["failed"]), flush=True)
     return cases
 
@@ -57,7 +57,7 @@ def summarise(cases: list[dict]) -> None:
     for c in ok:
         word = "mixed" if c["plan"].other else c["plan"].strategy
         groups.setdefault(f"strategy {word}", []).append(c["error"])
-        groups.setdefault(f"family {c['spec'].family}", []).append(c["error"])
+        groups.setdefault(f"family {'unet' if c['spec'].skip else c['spec'].family}", []).append(c["error"])
         groups.setdefault(f"checkpointing {_checkpointing(c['plan'])}", []).append(c["error"])
         ps = c["plan"]
         groups.setdefault("accumulation " + (f"{ps.accumulation} {ps.grad_sync}" if ps.accumulation > 1 else "none"),

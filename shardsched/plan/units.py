@@ -82,8 +82,9 @@ def unit_dims(layers: list[LayerProfile]) -> tuple[tuple[int, int], ...]:
 
 
 def kept_when_checkpointed(layer: LayerProfile) -> int:
-    """A checkpointed layer's inputs, and what code outside it saved (not recomputed)."""
-    return layer.input_bytes + layer.outside_bytes
+    """A checkpointed layer's inputs, and what code outside it saved (not recomputed), its
+    own saved outputs among them (`LayerProfile.outside_kept_bytes`)."""
+    return layer.input_bytes + layer.outside_bytes + layer.outside_kept_bytes
 
 
 # [Note: selective checkpointing as kept bytes]
@@ -112,7 +113,8 @@ def _as_selective(layer: LayerProfile) -> LayerProfile:
     outputs are inputs it keeps, on top of the forward transient too."""
     extra = kept_when_selective(layer) - kept_when_checkpointed(layer)
     nosave = layer.checkpointed_forward_bytes or (layer.workspace_bytes or layer.activation_bytes // 2) // 2
-    return dataclasses.replace(layer, input_bytes=layer.input_bytes + extra,
+    saved = None if layer.input_saved_bytes is None else layer.input_saved_bytes + extra  # in its activations too
+    return dataclasses.replace(layer, input_bytes=layer.input_bytes + extra, input_saved_bytes=saved,
                                checkpointed_forward_bytes=layer.selective_forward_bytes or nosave + extra)
 
 
@@ -163,10 +165,15 @@ def _as_selective(layer: LayerProfile) -> LayerProfile:
 # (`UnitCost.recall_bytes`, a moment in `sim.memory`, a row in the MILP).
 
 def recomputed_bytes(layer: LayerProfile) -> int:
-    """Live bytes of a checkpointed layer while one of its calls is recomputed."""
+    """Live bytes of a checkpointed layer while one of its calls is recomputed: what it saves,
+    and its kept inputs where an earlier layer saved them (`LayerProfile.input_saved_bytes`: a
+    conv block after a ReLU's output ran 6% above its prediction as that input was left out)."""
     c = max(1, layer.calls)
     kept = kept_when_checkpointed(layer)
-    return layer.activation_bytes if c == 1 else layer.activation_bytes // c + kept - kept // c
+    if c > 1:
+        return layer.activation_bytes // c + kept - kept // c
+    saved_elsewhere = 0 if layer.input_saved_bytes is None else max(0, layer.input_bytes - layer.input_saved_bytes)
+    return layer.activation_bytes + saved_elsewhere
 
 
 class LayerBytes(NamedTuple):
@@ -183,6 +190,7 @@ class LayerBytes(NamedTuple):
     calls: int = 1     # forward calls ([Note: repeated modules])
     recall_ws: int = 0  # a repeated layer's later calls' workspace (`LayerProfile.recall_workspace_bytes`)
     bws: int = 0       # its workspace on DDP (`LayerProfile.bucketed_workspace_bytes`); 0 = unknown
+    held: int = 0      # checkpointed: the unit's earlier layers' outputs the calling code holds as it starts
 
 
 def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
@@ -194,6 +202,9 @@ def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
     layer's and its outside code's backward workspaces (each is two such tensors)."""
     out = []
     for k, layer in enumerate(layers):
+        # the unit's earlier layers' outputs the calling code holds ([Note: outputs the caller's
+        # code holds] in profile/held.py): live as it starts when the unit recomputes
+        held = held_in_unit(layers, k)
         ws = layer.workspace_bytes or layer.activation_bytes // 2
         ows = layer.outside_workspace_bytes
         inner = k + 1 < len(layers)  # the last layer's outside code runs after the unit reshards
@@ -202,8 +213,28 @@ def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
         out.append(LayerBytes(kept_when_checkpointed(layer), layer.activation_bytes, ws + (ows if inner else 0),
                               layer.params, recomputed_bytes(layer), produced, max(ck_produced, produced),
                               layer.input_bytes // max(1, layer.calls), layer.output_bytes, max(1, layer.calls),
-                              layer.recall_workspace_bytes or ws, layer.bucketed_workspace_bytes or ws))
+                              layer.recall_workspace_bytes or ws, layer.bucketed_workspace_bytes or ws, held))
     return tuple(out)
+
+
+def held_in_unit(layers: list[LayerProfile], k: int, *, selective: bool = False) -> int:
+    """The outputs of the unit's layers before k that the calling code holds as layer k starts,
+    when the unit recomputes (fully, or selectively: what its policy keeps is not extra)."""
+    return sum(layers[k].code_held.get(j.name, (0, 0))[int(selective)] for j in layers[:k])
+
+
+def code_held_of(layers: list[LayerProfile]) -> tuple[dict[str, tuple[int, int]], int]:
+    """(`UnitCost.code_held`, `code_held_bytes`): per layer before the unit, the most any of
+    its layers' forwards sees held of that layer's outputs (an upper bound of the most at one
+    moment), and the most held whatever recomputes."""
+    names = {layer.name for layer in layers}
+    per: dict[str, tuple[int, int]] = {}
+    for layer in layers:
+        for name, (full, sel) in layer.code_held.items():
+            if name not in names:
+                old = per.get(name, (0, 0))
+                per[name] = (max(old[0], full), max(old[1], sel))
+    return per, max((layer.code_held_bytes for layer in layers), default=0)
 
 
 def forward_transients(layer: LayerProfile, ws: int) -> tuple[int, int]:
@@ -229,11 +260,15 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
         # the last layer's input when its module gathers again: its input, not its saved outputs
         last_extra = cost.layer_bytes[-1].kept - kept_when_checkpointed(layers[-1]) if len(layers) > 1 else 0
         # a layer's input live as it starts is its input, not the outputs its selective form keeps
+        # ... and the outputs the calling code holds are what its policy does not keep
         cost = dataclasses.replace(cost, layer_bytes=tuple(
-            b._replace(inp=layer.input_bytes // max(1, layer.calls)) for b, layer in zip(cost.layer_bytes, layers)))
+            b._replace(inp=layer.input_bytes // max(1, layer.calls), held=held_in_unit(layers, k, selective=True))
+            for k, (b, layer) in enumerate(zip(cost.layer_bytes, layers))))
+        last = len(layers) - 1
+        held = held_in_unit(layers, last, selective=True) - held_in_unit(layers, last)
         return dataclasses.replace(cost, recompute_seconds=recompute, outside_input_bytes=(
             layers[-1].selective_outside_input_bytes if cost.outside_workspace_bytes else 0),
-                                   checkpointed_lead_bytes=cost.checkpointed_lead_bytes - last_extra)
+                                   checkpointed_lead_bytes=cost.checkpointed_lead_bytes - last_extra + held)
     names = tuple(layer.name for layer in layers)
     last_input = layers[-1].input_bytes if len(layers) > 1 else 0
     return UnitCost(name=unit_name(names), layers=names, dims=unit_dims(layers),
@@ -244,12 +279,14 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
                     # live when its last module gathers again (`sim.memory`): what the others
                     # saved, and the last one's input
                     lead_activation_bytes=sum(layer.activation_bytes for layer in layers[:-1]) + last_input,
-                    checkpointed_lead_bytes=sum(map(kept_when_checkpointed, layers[:-1])) + last_input,
+                    checkpointed_lead_bytes=sum(map(kept_when_checkpointed, layers[:-1])) + last_input
+                    + held_in_unit(layers, len(layers) - 1),
                     workspace_bytes=workspace_bytes(layers),
                     outside_workspace_bytes=layers[-1].outside_workspace_bytes,
                     outside_activation_bytes=layers[-1].outside_bytes if layers[-1].outside_workspace_bytes else 0,
                     input_bytes=sum(map(kept_when_checkpointed, layers)),
                     entry_bytes=layers[0].entry_bytes, exit_bytes=layers[-1].exit_bytes,
+                    **dict(zip(("code_held", "code_held_bytes"), code_held_of(layers))),
                     layer_bytes=layer_bytes(layers),
                     layer_dims=tuple(layer.dims for layer in layers) if all(
                         layer.dims or not layer.params for layer in layers) else ())

@@ -121,7 +121,7 @@ class _Hooks:
         def bwd_start(grad):
             self.bwd_starts[name].append(time.perf_counter())
 
-        def bwd_end():
+        def bwd_end(grads=()):
             if self.bwd_starts[name]:
                 self.bwd[name] += time.perf_counter() - self.bwd_starts[name].pop()
 

@@ -43,6 +43,7 @@ from shardsched.profile import layers as L
 from shardsched.profile.attention_flops import CAUSAL_SDPA_FORMULAS
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
+from shardsched.profile.held import HeldOutputs, OutputStatus, code_held
 from shardsched.profile.workspace import ROOT_TAIL, BackwardWorkspace
 from shardsched.profile.workspace_terms import layer_workspace, outside_workspace
 from shardsched.runtime import sac
@@ -166,6 +167,13 @@ class _Stats:
         self.output: dict[str, int] = defaultdict(int)  # `LayerProfile.output_bytes`
         self.forward_sac: dict[str, int] = defaultdict(int)  # the same, keeping what SAC stores
         self.outside: dict[str, int] = defaultdict(int)  # `LayerProfile.outside_bytes`
+        self.outside_kept: dict[str, int] = defaultdict(int)  # `LayerProfile.outside_kept_bytes`
+        self.saved_inside: dict = {}  # storage saved first by a layer's own code -> that layer
+        self.fresh_inputs: dict[str, set] = {}  # per module, its first call's inputs nothing saved before
+        self.out_status = OutputStatus()  # [Note: outputs the caller's code holds]
+        self.held: HeldOutputs | None = None
+        self.final: set[str] = set()  # the layers the profile keeps (after folding)
+        self.input_saved: dict[str, int] = defaultdict(int)  # `LayerProfile.input_saved_bytes`
         self.outside_largest: dict[str, int] = defaultdict(int)  # its largest tensor
         self.largest_saved: dict[str, int] = defaultdict(int)  # per key: folded keys become outside
         # selective checkpointing ([Note: the selective checkpointing policy] in runtime/sac.py)
@@ -209,6 +217,7 @@ class _Tracer:
                 fresh = {_storage_key(t): t for t in L.tensors_in((args, kwargs))
                          if _storage_key(t) not in self.saved_keys}
                 self.stats.entry[name] = _nbytes(list(fresh.values()))
+                self.stats.fresh_inputs[name] = set(fresh)
             self.stats.calls[name] += 1
             if name in self.layer_set:
                 if name not in self.ran:
@@ -221,9 +230,20 @@ class _Tracer:
         def post(m, args, kwargs, out):
             self.stats.output[name] = max(self.stats.output[name], _nbytes(L.tensors_in(out)))
             self.stack.pop()
+            if name in self.layer_set and self.stats.calls[name] == 1:
+                self._produced(name, out)
 
         self.handles += [module.register_forward_pre_hook(pre, with_kwargs=True),
                          module.register_forward_hook(post, with_kwargs=True)]
+
+    def _produced(self, name: str, out) -> None:
+        """What the plain trace counted each output of layer `name` as (`OutputStatus`)."""
+        st = self.stats
+        for idx, t in enumerate(L.tensors_in(out)):
+            k = _storage_key(t)
+            saver = st.saved_inside.get(k) or ("<counted>" if k in self.saved_keys else None)
+            sac = name in st.sac_seen.get(k, ())
+            st.out_status.produced((name, idx), k, t.untyped_storage(), saved_by=saver, sac=sac)
 
     def forward_key(self) -> tuple[str, ...]:
         """(layer, child) running now; outside every layer: the last layer run, or
@@ -355,6 +375,15 @@ def _fake_state(model: nn.Module, dtype: torch.dtype, mode: FakeTensorMode) -> d
     return state
 
 
+def _module_params(state: dict[str, torch.Tensor], modules: list[str]) -> dict[str, list[torch.Tensor]]:
+    """Per module path, the (fake) parameters under it that need a gradient, each once."""
+    out = {}
+    for m in modules:
+        ts = {id(t): t for k, t in state.items() if k.startswith(m + ".") and t.requires_grad}
+        out[m] = list(ts.values())
+    return out
+
+
 def _fake_inputs(inputs: tuple, dtype: torch.dtype, mode: FakeTensorMode) -> tuple:
     return tuple(_fake_like(x, dtype, mode) if isinstance(x, torch.Tensor) else x for x in inputs)
 
@@ -371,6 +400,15 @@ def loss_of(out: Any) -> torch.Tensor:
 
 # ---------------------------------------------------------------- the trace
 
+# [Note: what outside code saves again]
+# A storage is counted once, at the code that saved it first. A conv block's ReLU saves its
+# output, and the pooling after the block (code outside every layer: the model's own forward,
+# a U-Net's encoder) saves the same tensor again: it is in the block's activations and nowhere
+# else. When the block recomputes it saves nothing, but the pooling still holds its output until
+# its own backward, so a checkpointed block keeps it beside its inputs
+# (`LayerProfile.outside_kept_bytes`, read by `plan.units.kept_when_checkpointed`). A U-Net
+# checkpointed everywhere ran 9.6% above its prediction without it (its encoders' outputs).
+
 def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtype: torch.dtype) -> _Tracer:
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     state = _fake_state(model, dtype, mode)
@@ -379,17 +417,28 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
     tracer = _Tracer(model, names, children)
     tracer.saved_keys, tracer.persistent_keys = exclude, set(exclude)
     tracer.stats.itemsize = torch.empty((), dtype=dtype).element_size()
-    ws = BackwardWorkspace(model, names, list(tracer.parent), persistent=[*state.values(), *L.tensors_in(fake_inputs)])
+    ws = BackwardWorkspace(model, names, list(tracer.parent), persistent=[*state.values(), *L.tensors_in(fake_inputs)],
+                           parents=tracer.parent, params=_module_params(state, [*names, *tracer.parent]))
     kept: list[torch.Tensor] = []  # keep saved storages alive: no StorageImpl reuse while we dedupe
     rules = _FakeRules()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         k = _storage_key(t)
+        tracer.stats.out_status.saved(k, first=k not in exclude, outside=tracer.outside(), layer=tracer.forward_key()[0])
+        if k in exclude and tracer.outside():  # [Note: what outside code saves again]
+            owner = tracer.stats.saved_inside.pop(k, None)
+            if owner is not None:
+                tracer.stats.outside_kept[owner] += t.untyped_storage().nbytes()
         if k not in exclude:
             exclude.add(k)
+            if not tracer.outside():
+                tracer.stats.saved_inside[k] = tracer.forward_key()[0]
+                for key in tracer.forward_key():  # its own input, saved by its own code
+                    if k in tracer.stats.fresh_inputs.get(key, ()):
+                        tracer.stats.input_saved[key] += t.untyped_storage().nbytes()
             kept.append(t)
             nbytes = t.untyped_storage().nbytes()
-            ws.note_saved(nbytes)
+            ws.note_saved(nbytes, t.untyped_storage())
             keys = tracer.forward_key()
             for key in keys:
                 tracer.stats.acts[key] += nbytes
@@ -427,8 +476,14 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
     with _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, rules, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for keep, out in ((False, tracer.stats.forward_nosave), (True, tracer.stats.forward_sac)):
-            out.update(_forward_without_saving(model, state, fake_inputs, names, list(tracer.parent),
-                                               [*state.values(), *L.tensors_in(fake_inputs)], keep_saved=keep))
+            held = None if keep else HeldOutputs(model, names)  # [Note: outputs the caller's code holds]
+            try:
+                out.update(_forward_without_saving(model, state, fake_inputs, names, list(tracer.parent),
+                                                   [*state.values(), *L.tensors_in(fake_inputs)], keep_saved=keep))
+            finally:
+                if held is not None:
+                    held.remove()
+                    tracer.stats.held = held
     return tracer
 
 
@@ -552,7 +607,8 @@ def _expand(tracer: _Tracer, full: list[str], kids: list[str], stacks) -> None:
     st = tracer.stats
     targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
     plain = (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
-             st.forward_nosave, st.entry, st.sac_saved, st.sac_moved, st.forward_sac, st.sac_outside, st.exit, st.output, st.recall, st.bucketed)
+             st.forward_nosave, st.entry, st.sac_saved, st.sac_moved, st.forward_sac, st.sac_outside, st.exit, st.output, st.recall, st.bucketed,
+             st.outside_kept, st.input_saved)
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
                   {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
                   [d.get(src, 0) for d in plain], dict(st.sac_flops.get(src, {}))) for _, src in targets}
@@ -603,6 +659,8 @@ def _fold(stats: _Stats, ran: list[str], final: list[str]) -> None:
         stats.outside[target] += stats.acts.get(k, 0)
         stats.acts[target] += stats.acts.pop(k, 0)
         stats.outside.pop(k, None)
+        stats.outside_kept[target] += stats.outside_kept.pop(k, 0)
+        stats.input_saved.pop(k, None)  # its inputs are not the target's
         stats.outside_largest[target] = max(stats.outside_largest[target], stats.outside_largest.pop(k, 0),
                                             stats.largest_saved.pop(k, 0))
         stats.workspace[target] = max(stats.workspace[target], stats.workspace.pop(k, 0))
@@ -647,11 +705,21 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         selective_outside_input_bytes=st.sac_outside.get(name, 0),
         selective_recompute_seconds=device.compute_seconds(dict(st.sac_flops.get(name, {})))
         + st.sac_moved.get(name, 0) / bw,
-        input_bytes=st.inputs.get(name, 0), entry_bytes=st.entry.get(name, 0), outside_bytes=st.outside.get(name, 0), calls=max(1, st.calls.get(name, 1)),
+        input_bytes=st.inputs.get(name, 0), entry_bytes=st.entry.get(name, 0), outside_bytes=st.outside.get(name, 0),
+        **_code_held(name, st),
+        outside_kept_bytes=st.outside_kept.get(name, 0), input_saved_bytes=st.input_saved.get(name, 0), calls=max(1, st.calls.get(name, 1)),
         forward_flops=fwd,
         backward_flops=bwd,
         forward_moved_bytes=st.moved["fwd"].get(name, 0), backward_moved_bytes=st.moved["bwd"].get(name, 0),
         children=kids)
+
+
+def _code_held(name: str, st: _Stats) -> dict:
+    """`LayerProfile.code_held` and `code_held_bytes` ([Note: outputs the caller's code holds])."""
+    if st.held is None:
+        return {}
+    per, always = code_held(st.held, st.out_status.status, name, st.final)
+    return {"code_held": per, "code_held_bytes": always}
 
 
 def _unique(params) -> list[nn.Parameter]:
@@ -680,6 +748,7 @@ def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
     _expand(tracer, names, [c for cs in children.values() for c in cs], stacks)
     asg = L.assign(model, names, tracer.ran)
     _fold(tracer.stats, tracer.ran, asg.layers)
+    tracer.stats.final = set(asg.layers)
     out = []
     for n in asg.layers:
         kids = children.get(n, [])

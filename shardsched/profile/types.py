@@ -42,6 +42,25 @@ class LayerProfile:
     profilers folded into it (a loss or a tied head after the last layer, a dropout
     between layers): checkpointing the layer does not recompute that code, so a
     checkpointed layer keeps these bytes next to its inputs."""
+    outside_kept_bytes: int = 0
+    """What code outside the layer's module saved again after the layer's own code saved it
+    first (a pooling after a conv block saves the block's ReLU output): in
+    `activation_bytes` once, as the layer's own, yet kept by that code when the layer
+    recomputes ([Note: what outside code saves again] in profile/trace.py). 0 = none or unknown."""
+    input_saved_bytes: int | None = None
+    """Of its (first call's) inputs, what its own code saved first, so `activation_bytes`
+    counts it (a block's first norm saves the residual stream); an input an earlier layer saved
+    (a ReLU's output before a conv) is counted there. A recomputed layer keeps its inputs
+    beside what it recomputes (`plan.units.recomputed_bytes`). None = unknown (taken as all of
+    them)."""
+    code_held: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Per earlier layer, (bytes when it recomputes, when it recomputes selectively) of its
+    outputs that the calling code still holds as this layer's forward starts and that only
+    that layer's own code saves ([Note: outputs the caller's code holds] in
+    profile/held.py): live beside this layer's forward moments when that layer recomputes."""
+    code_held_bytes: int = 0
+    """Earlier layers' outputs the calling code holds as this layer starts that nothing saved
+    by then: live beside its forward moments whatever recomputes."""
     outside_workspace_bytes: int = 0
     """Transient bytes of the backward of the code outside the layer folded into it (a loss,
     a tied head after the last layer), which runs before the layer's own backward and before

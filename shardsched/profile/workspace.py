@@ -71,13 +71,13 @@ def _wrap_inputs(args, kwargs, end):
     wrapped = wrapped if isinstance(wrapped, tuple) else (wrapped,)
     for i, t in zip(idx, wrapped):
         flat[i] = t
-    register_multi_grad_hook(wrapped, lambda grads: end(), mode="all")
+    register_multi_grad_hook(wrapped, end, mode="all")
     return tree_unflatten(flat, spec)
 
 
 def watch_backward(module: nn.Module, start, end) -> list:
     """Call `start(grad)` when the first gradient w.r.t. one of `module`'s outputs is ready
-    and `end()` when those w.r.t. all its inputs are, on every forward that records a graph
+    and `end(grads)` when those w.r.t. all its inputs are, on every forward that records a graph
     ([Note: backward windows without full backward hooks]); returns the hook handles."""
     def pre(m, args, kwargs):
         return _wrap_inputs(args, kwargs, end)
@@ -125,6 +125,23 @@ def watch_backward(module: nn.Module, start, end) -> list:
 # (`LayerProfile.bucketed_workspace_bytes`, read for plans that run on DDP in `sim.memory`).
 
 
+# [Note: gradients held beside a window]
+# Autograd holds gradients that flow around a module while its backward runs. In a block split
+# into its children, `x = x + mlp(norm(x))`, the gradient w.r.t. the block's output waits, while
+# norm's backward runs, to be summed with norm's input gradient (the residual branch); in a
+# U-Net the gradient w.r.t. an encoder's output from its skip connection waits through every
+# decoder and encoder after it. Such a tensor is neither the window's incoming gradient (the
+# base takes that off) nor anything the memory model counts (saved activations, parameters'
+# gradients), so each window also measures the gradients in flight as it opens: live bytes
+# less its incoming gradient, the saved storages still alive, the parameters' gradients
+# accumulated, and those produced but still waiting for their AccumulateGrad (a repeated
+# module's, a tied weight's: the memory model counts them as the unit's gradients). What is in
+# flight above the parent's opening (a layer: above the first window's, where the loss's and
+# a tied head's gradients already are) counts in the window's workspace. A Mixer split into
+# children ran one (B, T, C) gradient above its predicted peak, over its auto budget; a U-Net's
+# backward moments were 25-40% under.
+
+
 # [Note: the root's backward tail]
 # What runs in backward after the last layer window closes is the root module's own
 # backward: the embedding lookup of a model whose embedding the root unit holds (a tied
@@ -132,7 +149,12 @@ def watch_backward(module: nn.Module, start, end) -> list:
 # holds the root's gradient (the tied head's, produced at the start of backward), so its
 # peak above the base is exactly what the root unit's backward step adds on top of its
 # gradients (`sim.memory._backward`): a new (vocab, hidden) gradient and the sum, two
-# of them (an LM with a 64k vocabulary was 17% under without it). Kept under ROOT_TAIL.
+# of them (an LM with a 64k vocabulary was 17% under without it). The base leaves out the
+# gradient the root's code receives (w.r.t. the first layer's inputs: freed as the lookup's
+# backward runs, and not a term of the root's moment) and the peak leaves out the parameters'
+# gradients accumulated in the tail (a position embedding's: the root's gradients count them);
+# with both in, a tied LM with learned positions ran one (T, hidden) above its budget.
+# Kept under ROOT_TAIL.
 ROOT_TAIL = "<root-tail>"
 
 
@@ -140,9 +162,17 @@ class BackwardWorkspace(TorchDispatchMode):
     """Enter it around forward and backward; `workspace[name]` then holds each hooked
     module's backward workspace in bytes ([Note: what the backward workspace is])."""
 
-    def __init__(self, model: nn.Module, layers: list[str], children: list[str], *, persistent=()):
+    def __init__(self, model: nn.Module, layers: list[str], children: list[str], *, persistent=(),
+                 parents: dict[str, str] | None = None, params: dict[str, list[torch.Tensor]] | None = None):
         super().__init__()
         self.live = 0
+        # [Note: gradients held beside a window]
+        self.saved_live = 0  # bytes of saved storages not yet freed
+        self._parents = parents or {}  # child -> the layer it splits
+        self._params = params or {}  # module -> the parameters autograd accumulates into
+        self._pending: dict[int, int] = {}  # parameters whose gradient is produced, not yet accumulated
+        self._accumulated_ids: set[int] = set()
+        self._flight0: int | None = None  # in flight as the first window opens
         self.handles = []
         self.grads = 0  # parameters' gradients accumulated so far ([Note: bucketed windows])
         self._grad_storages = WeakIdKeyDictionary()
@@ -195,6 +225,8 @@ class BackwardWorkspace(TorchDispatchMode):
 
     def _accumulated(self, param: torch.Tensor) -> None:
         """A parameter's gradient is in `.grad` (its first one stored, later ones added in)."""
+        self._accumulated_ids.add(id(param))
+        self._pending.pop(id(param), None)
         st = param.grad.untyped_storage() if param.grad is not None else None
         if st is not None and st not in self._grad_storages:
             self._grad_storages[st] = True
@@ -211,7 +243,7 @@ class BackwardWorkspace(TorchDispatchMode):
         for name, peak in self._gaps.items():
             self._gaps[name] = max(peak, self.live)
         if self._tail is not None:
-            self._tail[1] = max(self._tail[1], self.live)
+            self._tail[1] = max(self._tail[1], self.live - self.grads)
         return out
 
     def _incoming(self, grads) -> int:
@@ -223,12 +255,14 @@ class BackwardWorkspace(TorchDispatchMode):
     def _attach(self, module: nn.Module, name: str) -> None:
         def start(grad):
             base = self.live - self._incoming([grad])
-            self._open[name] = [base, self.live, base - self.grads, self.live - self.grads]
+            flight = base - self.saved_live - self.grads - sum(self._pending.values())
+            held = self._held(name, flight)
+            self._open[name] = [base - held, self.live, base - held - self.grads, self.live - self.grads, flight]
             self._tail = None  # code between two layers' backward: not the root's tail
 
-        def end():
+        def end(grads=()):
             if name in self._open:
-                self._close(name)
+                self._close(name, grads)
 
         self.handles += watch_backward(module, start, end)
 
@@ -243,9 +277,27 @@ class BackwardWorkspace(TorchDispatchMode):
 
         self.handles += [module.register_forward_pre_hook(fwd_pre), module.register_forward_hook(fwd_post)]
 
-    def note_saved(self, nbytes: int) -> None:
-        """A storage saved for backward for the first time (the profiler's pack hook)."""
+    def note_saved(self, nbytes: int, storage=None) -> None:
+        """A storage saved for backward for the first time (the profiler's pack hook); with
+        `storage`, it counts in `saved_live` until it is freed."""
         self.saved += nbytes
+        if storage is not None:
+            self.saved_live += nbytes
+            weakref.finalize(storage, self._unsave, nbytes)
+
+    def _unsave(self, nbytes: int) -> None:
+        self.saved_live -= nbytes
+
+    def _held(self, name: str, flight: int) -> int:
+        """Gradients in flight as a module's backward starts beyond those as its parent's
+        started (a layer: as the first window opened) ([Note: gradients held beside a
+        window]); 0 for a repeated module's later calls (their buffered gradients are `recall`'s)."""
+        if self._flight0 is None:
+            self._flight0 = flight
+        parent = self._open.get(self._parents.get(name, ""))
+        if self._closed.get(name, 0) or (name in self._parents and parent is None):
+            return 0
+        return max(0, flight - (parent[4] if parent is not None else self._flight0))
 
     def close_exits(self) -> None:
         """End the exit windows: the next module starts, or forward is over."""
@@ -253,35 +305,26 @@ class BackwardWorkspace(TorchDispatchMode):
             self.exit[name] = max(self.exit.get(name, 0), peak - self.saved)
         self._gaps.clear()
 
-    def _close(self, name: str) -> None:
-        base, peak, nbase, npeak = self._open.pop(name)
+    def _close(self, name: str, grads=()) -> None:
+        base, peak, nbase, npeak, _ = self._open.pop(name)
         self.workspace[name] = max(self.workspace.get(name, 0), peak - base)
         self.bucketed[name] = max(self.bucketed.get(name, 0), npeak - nbase)
         self._closed[name] = self._closed.get(name, 0) + 1
+        for p in self._params.get(name, ()):  # its gradients now wait in autograd for their AccumulateGrad
+            if id(p) not in self._accumulated_ids:
+                self._pending[id(p)] = p.numel() * p.element_size()
         if self._closed[name] > 1:  # a repeated module's later call ([Note: a repeated module's later calls])
             self.recall[name] = max(self.recall.get(name, 0), peak - base)
-        if not self._open:
-            self._tail = [self.live, self.live]
+        if not self._open:  # the root's code runs next: its base is without the gradients it receives
+            base = self.live - self._incoming(grads) - self.grads
+            self._tail = [base, base]
 
     def finish(self) -> dict[str, int]:
         """Close the windows still open (layers without input gradients); remove the hooks."""
         tail = self._tail
         for name in list(self._open):
             self._close(name)
-        if tail is not None:  # [Note: exit windows]
-# After a unit's forward, the code up to the next unit's pre-forward runs with the unit's
-# AllGather output still held (FSDP2 frees it at the next copy-out): a residual add after a
-# partitioned block's last child, a pooling, the loss after the last layer. What that code
-# holds beyond what is saved (the child's output next to the sum) is a moment of its own; a
-# Mixer block split into its children was 2% over its budget without it. The window opens at
-# a module's forward hook and closes at the next tracked module's pre-hook (or when forward
-# ends: the loss), so a last child's window spans its parent's code after it and the gap after
-# the parent. It records its peak of live bytes less everything saved when it closes (autograd
-# packs an op's output only after the op returns, so the live bytes at the op's end already
-# hold what it is about to save); `sim.memory` adds everything saved through the unit back.
-
-
-# [Note: the root's backward tail]
+        if tail is not None:  # [Note: the root's backward tail]
             self.workspace[ROOT_TAIL] = tail[1] - tail[0]
         for h in self.handles:
             h.remove()

@@ -293,6 +293,12 @@ def _mb(live: _Live, *, unsharded=0, grads=0, act=0, comm=0, opt_extra=0) -> Mem
 
 
 def _forward(live: _Live, i: int) -> list[MemoryBreakdown]:
+    code = live.sc.code_held_bytes(i)  # earlier outputs the calling code holds ([Note: outputs the caller's code holds])
+    return [dataclasses.replace(m, activations=m.activations + code) for m in _forward_moments(live, i)] \
+        if code else _forward_moments(live, i)
+
+
+def _forward_moments(live: _Live, i: int) -> list[MemoryBreakdown]:
     sc, s = live.sc, i
     held_prev = live.agbuf[i - 1] if i > 0 else 0
     # the whole input, unless the unit before retains it ([Note: the output a recomputed unit hands over])

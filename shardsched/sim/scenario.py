@@ -12,7 +12,7 @@ which maps one-to-one onto FSDP2's `set_modules_to_forward_prefetch` /
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from shardsched.cost.device import Cluster
@@ -79,6 +79,12 @@ class UnitCost:
     """Selective form only: its last layer's saved outputs that the code outside it reads
     (`LayerProfile.selective_outside_input_bytes`): at that code's forward they are the input
     `outside_workspace_bytes // 2` stands for, so they are not counted twice (`after_forward`)."""
+    code_held: dict = field(default_factory=dict)
+    """Its first layer's `LayerProfile.code_held`: per earlier layer, (bytes when that layer
+    recomputes, when selectively) of its outputs the calling code holds beside this unit's
+    forward ([Note: outputs the caller's code holds] in profile/held.py)."""
+    code_held_bytes: int = 0
+    """Its first layer's `LayerProfile.code_held_bytes`: held beside its forward whatever recomputes."""
     recompute_seconds: float | None = None
     """Seconds its backward spends recomputing when checkpointed; None: its whole forward
     (full checkpointing). A selective unit's cost (`plan.units.unit_cost`) sets it to the
@@ -274,6 +280,15 @@ class UnitCost:
         return n * self.shard_numel(n)
 
 
+def code_held_terms(units, i: int) -> list[tuple[int, int, int]]:
+    """(earlier unit, bytes when it recomputes, when selectively) of the outputs the calling
+    code holds beside unit i's forward ([Note: outputs the caller's code holds] in
+    profile/held.py); a layer of unit i's own is left out."""
+    unit_of = {name: j for j, u in enumerate(units) for name in u.layers}
+    return [(unit_of[name], full, sel) for name, (full, sel) in units[i].code_held.items()
+            if unit_of.get(name, i) < i]
+
+
 @dataclass(frozen=True, kw_only=True)
 class Scenario:
     units: tuple[UnitCost, ...]
@@ -342,6 +357,12 @@ class Scenario:
     def mode(self, i: int) -> Checkpoint:
         return Checkpoint(self.checkpoint[i]) if self.checkpoint else Checkpoint.NONE
 
+    def code_held_bytes(self, i: int) -> int:
+        """Bytes the calling code holds beside unit i's forward under this plan's checkpointing."""
+        modes = {Checkpoint.FULL: 1, Checkpoint.SELECTIVE: 2}
+        return self.units[i].code_held_bytes + sum(
+            (0, full, sel)[modes.get(self.mode(j), 0)] for j, full, sel in code_held_terms(self.units, i))
+
     def retained_bytes(self, i: int) -> int:
         """Activations unit i keeps from its forward to its backward; recomputing, followed by
         a unit that does not, its output too ([Note: the output a recomputed unit hands over])."""
@@ -366,7 +387,7 @@ class Scenario:
                 return u.input_bytes + u.workspace_bytes // 2
             best, before = 0, 0
             for b in u.layer_bytes:
-                best = max(best, before + b.inp + b.ck_produced)
+                best = max(best, before + b.inp + b.ck_produced + b.held)
                 before += b.kept
             return best
         return u.forward_peak()

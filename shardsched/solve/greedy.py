@@ -25,6 +25,7 @@ from shardsched.core.types import Checkpoint, GradSync
 from shardsched.cost.memory import state_bytes
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad
+from shardsched.sim.scenario import code_held_terms
 from shardsched.solve.milp import FS, FSN, HS, HSGO, REP, SGO, costs_of
 from shardsched.solve.replay import Replay
 
@@ -44,6 +45,8 @@ class Evaluator:
         c = self.c
         self.unsh = np.array(c.unsharded, dtype=np.float64)
         self.replay = Replay(p)
+        # earlier outputs the calling code holds beside each unit's forward (`sim.scenario.code_held_terms`)
+        self.code = [code_held_terms(p.costs, i) for i in range(p.n)]
 
     def seconds(self, ch: Choice) -> float:
         return self.replay.seconds(ch)
@@ -91,7 +94,8 @@ class Evaluator:
             extra = extra_gather(unit, ch.strategies[i]) * unsh[i] + (lead if len(unit.layers) > 1 else 0)
             after = unit.after_forward()  # the code after it (the loss), after the unit reshards
             entry = unit.entry_after_checkpointed() if i and modes[i - 1] and modes[i] else unit.entry_bytes
-            out.append(pers + U[i] + max(unsh[i] + ag[i] + prev + self.act[i] + entry + exc[i],
+            code = unit.code_held_bytes + sum((0, full, sel)[modes[j]] for j, full, sel in self.code[i])
+            out.append(pers + U[i] + code + max(unsh[i] + ag[i] + prev + self.act[i] + entry + exc[i],
                                          u + extra + self.act[i] + inc[i],
                                          u + self.act[i] + _own(c, i, x, *c.fwd_own[i], "fwd_own") + inc[i],
                                          held[i] + ag[i] + self.act[i + 1] + inc[i]

@@ -58,6 +58,7 @@ import numpy as np
 
 from shardsched._stdout import native_quiet
 from shardsched.cost.strategy import gather_seconds, held_after_forward, reduce_seconds, shard_count
+from shardsched.sim.scenario import code_held_terms
 from shardsched.sim.memory import (extra_gather, forward_gathers, holds_root_grad, in_place_held, in_place_reduce_bytes,
                                    own_grad_bytes, root_grad_bytes)
 from shardsched.solve.candidates import Choice, Problem
@@ -581,34 +582,41 @@ class _Build:
             # Its unsharded parameters and its AllGather output while it runs; at its copy-out
             # its AllGather output next to the one held before.
             unit = self.p.costs[i]
+            # the earlier outputs the calling code holds, in every forward row ([Note: outputs the
+            # caller's code holds] in profile/held.py): linear in those units' binaries
+            code = {}
+            for j, full, sel in code_held_terms(self.p.costs, i):
+                code = _add(code, self._ck_term(j, full, sel))
+            fbase = _add(base, code)
+            code_const = unit.code_held_bytes * g
             unsh = self.zexpr(i, {k: c.unsh_by[i][k] * g for k in self.z[i]})
             ag = held_ag[i]
             extra = self.zexpr(i, {k: extra_gather(unit, k) * c.unsh_by[i][k] * g for k in self.z[i]})
             extra = _add(extra, self._ck_term(i, c.cklead[i] - c.lead[i], _sac(c, i, "lead", c.lead[i]) - c.lead[i]))
             prev = held_ag[i - 1] if i else {}
-            live = _add(_add(base, {self.U[i]: 1.0}), _add(unsh, ag))
+            live = _add(_add(fbase, {self.U[i]: 1.0}), _add(unsh, ag))
             (a0, k0), (a1, k1) = self.A[i], self.A[i + 1]
-            copyout = _add(_add(base, {self.U[i]: 1.0}), _add(unsh, ag))
+            copyout = _add(_add(fbase, {self.U[i]: 1.0}), _add(unsh, ag))
             # when unit i-1 recomputes, its whole input, the part unit i-1 retains (handed) aside
             d = unit.handed_over_bytes()
             after_ck = _add(self._ck_term(i - 1, d, d), {self.handed[i]: -d * g} if self.handed[i] is not None else {}) \
                 if i else {}
             self._mem(i, _add(_add(_add(copyout, prev), a0), _add(self._pending(i, inclusive=False), after_ck)),
-                      k0 + (unit.entry_bytes + c.input_bytes) * g, cap)
+                      k0 + code_const + (unit.entry_bytes + c.input_bytes) * g, cap)
             if len(unit.layers) > 1:  # its last module starts (and gathers again when it reshards)
                 self._mem(i, _add(_add(_add(live, extra), a0), self._pending(i, inclusive=True)),
-                          k0 + (c.lead[i] + c.input_bytes) * g, cap)
+                          k0 + code_const + (c.lead[i] + c.input_bytes) * g, cap)
             tail = unit.after_forward()
             if tail:  # the code after it, the unit resharded (`sim.memory`, [Note: exit windows])
                 after = _add(self.zexpr(i, {k: c.held[i][k] * g for k in self.z[i]}), ag)
                 # a selective form's is less (`_sac`): it keeps the loss's input
-                self._mem(i, _add(_add(_add(_add(base, {self.U[i]: 1.0}), after), _add(a1, self._pending(i, inclusive=True))),
+                self._mem(i, _add(_add(_add(_add(fbase, {self.U[i]: 1.0}), after), _add(a1, self._pending(i, inclusive=True))),
                                   self._ck_term(i, 0.0, _sac(c, i, "loss", tail) - tail)),
-                          k1 + (tail + c.input_bytes) * g, cap)
+                          k1 + code_const + (tail + c.input_bytes) * g, cap)
             fplain, fck = c.fwd_own[i]  # its own forward peak (`Scenario.forward_bytes`)
             self._mem(i, _add(_add(_add(live, a0), self._pending(i, inclusive=True)),
                               self._ck_term(i, fck - fplain, _sac(c, i, "fwd_own", fplain) - fplain)),
-                      k0 + (fplain + c.input_bytes) * g, cap)
+                      k0 + code_const + (fplain + c.input_bytes) * g, cap)
         for s in range(n, 2 * n):
             self._backward_rows(s, base, cap)
         opt = {self.PP: 1.0 + c.opt_factor, self.PO: 1.0, self.G[0]: 1.0}

@@ -49,6 +49,7 @@ class Spec:
     loss_in_child: bool = False
     repeat: int = 0        # lm: one shared block applied `repeat` times (0: a ModuleList)
     norm: str = "layer"    # cnn: "batch" | "group"
+    skip: bool = False     # cnn: a U-Net (encoder outputs concatenated into the decoder)
     wrapped: bool = False
     seed: int = 0
 
@@ -154,6 +155,33 @@ class CNN(nn.Module):
         return F.cross_entropy(self.fc(h), y)
 
 
+class UNet(nn.Module):
+    """Encoder blocks whose outputs skip to the decoder (pooling, upsampling and the
+    concatenation in the root's code), a per-pixel loss: gradients held across layers
+    ([Note: gradients held beside a window]) and outputs the root's pooling saves again
+    ([Note: what outside code saves again])."""
+
+    def __init__(self, s: Spec):
+        super().__init__()
+        levels = min(3, max(2, (s.depth + 1) // 2))
+        chans = [s.width * (1 + i) for i in range(levels)]
+        self.enc = nn.ModuleList(ConvBlock(3 if i == 0 else chans[i - 1], chans[i], s.norm, False)
+                                 for i in range(levels))
+        self.dec = nn.ModuleList(ConvBlock(chans[i + 1] + chans[i], chans[i], s.norm, False)
+                                 for i in reversed(range(levels - 1)))
+        self.head = nn.Conv2d(chans[0], s.vocab, 1)
+
+    def forward(self, x, y):
+        skips = []
+        for i, blk in enumerate(self.enc):
+            x = blk(x if i == 0 else F.max_pool2d(skips[-1], 2))
+            skips.append(x)
+        skips.pop()
+        for blk in self.dec:
+            x = blk(torch.cat([F.interpolate(x, scale_factor=2.0), skips.pop()], 1))
+        return F.cross_entropy(self.head(x), y)
+
+
 class MixerBlock(nn.Module):
     def __init__(self, tokens: int, d: int, sequential: bool):
         super().__init__()
@@ -193,7 +221,7 @@ FAMILIES = {"lm": LM, "cnn": CNN, "mixer": Mixer}
 
 def build(s: Spec) -> tuple[nn.Module, tuple]:
     torch.manual_seed(s.seed)
-    model = FAMILIES[s.family](s)
+    model = UNet(s) if s.skip else FAMILIES[s.family](s)
     if s.wrapped:
         model = Wrapper(model)
     g = torch.Generator().manual_seed(s.seed)
@@ -202,7 +230,7 @@ def build(s: Spec) -> tuple[nn.Module, tuple]:
         y = torch.randint(0, s.vocab, (s.batch, s.seq), generator=g)
     elif s.family == "cnn":
         x = torch.randn(s.batch, 3, s.seq, s.seq, generator=g)
-        y = torch.randint(0, s.vocab, (s.batch,), generator=g)
+        y = torch.randint(0, s.vocab, (s.batch, s.seq, s.seq) if s.skip else (s.batch,), generator=g)
     else:
         x = torch.randn(s.batch, s.seq, 48, generator=g)
         y = torch.randint(0, s.vocab, (s.batch,), generator=g)
@@ -281,7 +309,11 @@ def _selective(rng: random.Random, ps: PlanSpec) -> PlanSpec:
 
 def draw_case(seed: int) -> tuple[Spec, PlanSpec]:
     rng = random.Random(seed)
-    return draw_spec(rng), draw_plan(rng)
+    spec, plan = draw_spec(rng), draw_plan(rng)
+    # Half the CNNs are U-Nets; drawn last, so every other draw of a seed is what it was.
+    if spec.family == "cnn" and rng.random() < 0.5:
+        spec = dataclasses.replace(spec, skip=True)
+    return spec, plan
 
 
 def cases():
