@@ -82,6 +82,11 @@ class DeviceSpec:
     def flops(self) -> float:
         return self.peak_flops * self.mfu
 
+    @property
+    def overlap_share(self) -> float:
+        """`comm_sm_share` where collectives run beside compute, 0 where they block it."""
+        return self.comm_sm_share if self.overlap else 0.0
+
     def intra_link(self, collective: str) -> Link:
         """The intra-node link one collective kind runs at (`collectives`, else `intra`)."""
         return self.collectives.get(collective, self.intra)

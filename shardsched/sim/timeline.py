@@ -92,12 +92,15 @@ def launches_at(sc: Scenario) -> dict[int, list[tuple[int, int]]]:
     return out
 
 
-def replay(sc: Scenario, *, reduce: bool = True) -> Timeline:
+def replay(sc: Scenario, *, reduce: bool = True, exact: bool = False) -> Timeline:
     """Event times of one step under the schedule `sc` (reduce=False: a micro-batch whose
-    gradients are kept unsharded, `GradSync.LAST`: no reductions)."""
+    gradients are kept unsharded, `GradSync.LAST`: no reductions). `exact`: compute beside a
+    collective runs at (1 - share) of its speed while the collective runs, the reference the
+    planner's first-order step is measured against ([Note: collectives slow the compute beside
+    them]); nothing plans with it."""
     n, launches = sc.n, launches_at(sc)
     blocking = not sc.cluster.device.overlap
-    share = 0.0 if blocking else sc.cluster.device.comm_sm_share
+    share = sc.cluster.device.overlap_share
     compute, comm, lost = [], [], []
     channel_free, prev_end = 0.0, 0.0
     ready: dict[int, float] = {}  # use step -> end of its AllGather
@@ -110,7 +113,8 @@ def replay(sc: Scenario, *, reduce: bool = True) -> Timeline:
         start = max(prev_end, channel_free if blocking else ready.get(s, 0.0))
         if s == 2 * n:
             start = max([start] + [c.end for c in comm if c.kind is not Collective.ALL_GATHER])
-        prev_end = start + _compute_seconds(sc, s)
+        seconds = _compute_seconds(sc, s)
+        prev_end = start + (beside(seconds, channel_free - start, share) if exact else seconds)
         compute.append(ComputeEvent(s, sc.step_name(s), start, prev_end))
         lost.append(share * overlapped(start, prev_end, channel_free))
         if n <= s < 2 * n and reduce:
@@ -121,7 +125,7 @@ def replay(sc: Scenario, *, reduce: bool = True) -> Timeline:
             comm.append(CommEvent(kind, i, s, rs_start, channel_free))
             if blocking:
                 prev_end = channel_free
-    return slowed(compute, comm, lost) if share else Timeline(tuple(compute), tuple(comm))
+    return slowed(compute, comm, lost) if share and not exact else Timeline(tuple(compute), tuple(comm))
 
 
 # [Note: collectives slow the compute beside them]
@@ -138,11 +142,24 @@ def replay(sc: Scenario, *, reduce: bool = True) -> Timeline:
 # the compute beside it starts), so overlap = compute + communication - T0. That is linear in
 # T0 and in the plan's choices, so the MILP prices it exactly (`solve.milp`, its objective).
 # What the first order leaves out: the late work could itself run beside a later collective
-# (slowed again) or under communication that outlasts it (hidden); both are second order in
-# the share where the step is compute-bound, as every preset row is (docs/design.md, "GPU
-# presets from public measurements"). The overlap of step s is closed form: the channel is busy
-# from the step's start until it frees (everything queued was issued by then, and what the step
-# issues starts after it ends), so o_s = min(channel free, end) - start, if positive.
+# (slowed again) or under communication that outlasts it (hidden). `replay(exact=True)` runs the
+# step at (1 - share) speed beside the channel, event by event (`beside`): not linear (a step
+# the channel outlasts takes seconds / (1 - share), one it does not seconds + share x busy), so
+# it only measures the first order: on every published configuration of
+# `bench/bench_gpu_presets.py` the two agree within 0.02% (its `exact` column); they part where
+# compute is short beside long collectives (tests/sim/test_timeline.py).
+# The overlap of step s is closed form: the channel is busy from the step's start until it frees
+# (everything queued was issued by then, and what the step issues starts after it ends), so
+# o_s = min(channel free, end) - start, if positive.
+
+
+def beside(seconds: float, busy: float, share: float) -> float:
+    """Exact: how long `seconds` of compute take when the channel stays busy for `busy` more
+    seconds and computes run at (1 - share) of their speed meanwhile."""
+    if busy <= 0 or not share:
+        return seconds
+    slow = seconds / (1 - share)
+    return slow if slow <= busy else seconds + share * busy
 
 
 def overlapped(start: float, end: float, channel_free: float) -> float:

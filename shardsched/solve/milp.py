@@ -41,6 +41,12 @@ of its last module the other layers' kept inputs (`checkpointed_lead_bytes`); it
 backward copy-out row (gated by big-M on the gathering strategies' z) only its inputs
 and, for full_shard_node, its slice.
 
+Objective: the step, (1 - share) E[2n] + share (compute + recomputation + communication +
+optimizer), where share is what a collective takes from the compute beside it
+(`DeviceSpec.comm_sm_share`; [Note: collectives slow the compute beside them] in
+sim/timeline.py): E[2n] is the unslowed step, the rest a constant and terms on z and ck/sc,
+so it is the replay's step for every choice (0 share: E[2n] alone).
+
 Big-M: with the warm start's step time T_ub as an upper bound on E[2n] (a
 schedule worse than the start is useless), every AllGather ends by T_ub, so
 M = T_ub - (compute before u) is valid and as tight as we know how to make it.
@@ -495,7 +501,7 @@ class _Build:
         """The step: E[2n], the replay's step before compute is slowed, plus the compute a collective
         beside it slows, share x (compute + communication - E[2n]) ([Note: collectives slow the
         compute beside them] in sim/timeline.py): linear, so exact for every choice."""
-        m, n, share = self.m, self.n, _share(self.p)
+        m, n, share = self.m, self.n, self.p.cluster.device.overlap_share
         m.cost[self.E[2 * n]] = 1.0 - share
         if not share:
             return
@@ -870,7 +876,7 @@ def lower_bound(p: Problem, budget: float = math.inf) -> float:
         return math.inf
     # the step is (1 - share) T0 + share (compute + communication), T0 >= either ([Note:
     # collectives slow the compute beside them]); every term grows with what it is taken at
-    share, unslowed = _share(p), max(compute, comm)
+    share, unslowed = p.cluster.device.overlap_share, max(compute, comm)
     return unslowed + share * (compute + comm - unslowed) + opt if share else unslowed + opt
 
 
@@ -895,13 +901,6 @@ def _least_recompute(p: Problem, c: Costs, budget: float) -> float:
         if excess <= 0:
             return seconds
     return math.inf
-
-
-def _share(p: Problem) -> float:
-    """What a collective takes from the compute beside it (`DeviceSpec.comm_sm_share`; none when
-    collectives block compute)."""
-    device = p.cluster.device
-    return device.comm_sm_share if device.overlap else 0.0
 
 
 def _bound(info, status: str) -> float:

@@ -37,7 +37,7 @@ class Replay:
         self.per_param = optimizer_seconds_per_param(self.sb, cl)
         self.blocking = not cl.device.overlap
         # [Note: collectives slow the compute beside them] in sim/timeline.py
-        self.share = 0.0 if self.blocking else cl.device.comm_sm_share
+        self.share = cl.device.overlap_share
         self._tab: dict[tuple[int, Strategy], tuple[float, float, float, int]] = {}
 
     def _unit(self, i: int, k: Strategy) -> tuple[float, float, float, int]:

@@ -128,3 +128,17 @@ def test_slowdown_is_the_share_of_the_overlapped_seconds():
                 assert slow.compute[use].start >= c.end - 1e-12
         for a, b in zip(slow.comm, slow.comm[1:]):  # one channel, first in first out
             assert b.start >= a.end - 1e-12
+
+
+def test_exact_slowdown_hides_what_a_longer_collective_covers():
+    """`replay(exact=True)`: compute at 3/4 speed while the channel runs (share 1/4). F0 (0.25 s)
+    runs inside AG1 and takes 1/3 s, but F1 waits for AG1 until 1.0 anyway; B1 and B0 each run
+    0.5 s beside a collective: 2 + 0.125 s. The first order charges F0's 0.0625 s as well."""
+    sc = scenario([FS, FS], [0, 0], [2, 2])
+    sc = shared(dataclasses.replace(sc, units=(dataclasses.replace(sc.units[0], forward_seconds=0.25), sc.units[1])),
+                0.25)
+    exact = replay(sc, exact=True)
+    assert [t for c in exact.compute for t in (c.start, c.end)] == pytest.approx(
+        [0.5, 0.5 + 0.25 / 0.75, 1.0, 2.0, 2.5, 4.625, 4.625, 6.75, 7.25, 7.25])
+    assert exact.step_seconds == 7.25
+    assert replay(sc).step_seconds == 7.0 + 0.25 * (0.25 + 0.5 + 0.5)  # unslowed 7 s, 1.25 s overlapped
