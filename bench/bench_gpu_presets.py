@@ -1,25 +1,27 @@
 """Predicted against published FSDP throughput, for every configuration the GPU presets were set from.
 
     .venv/bin/python bench/bench_gpu_presets.py            # the table, exit 1 if any ratio is off by > 15%
-    .venv/bin/python bench/bench_gpu_presets.py --fit      # also the least-squares efficiencies per device
+    .venv/bin/python bench/bench_gpu_presets.py --fit      # also the minimax efficiencies per device
 
 Each row is a published measurement of a public trainer (docs/design.md, "GPU presets from
 public measurements", cites each table): model, sequence length, micro-batch, workers,
 whole-layer activation checkpointing or none, and tokens/s per GPU. The prediction is the
 project's own: the model as a `gpt:` spec, its analytic profile on the device preset, the
-uniform full_shard (+ckpt) plan, tokens per worker / predicted step seconds. Only FULL_SHARD
+uniform full_shard plan (checkpointed runs: its blocks checkpointed, `CHECKPOINTED`), tokens
+per worker / predicted step seconds. Only FULL_SHARD
 runs in bf16 with checkpointing off or whole-layer are used (the presets were fitted before
 selective checkpointing existed; grouped-query attention models are not `gpt:` specs); gradient
 accumulation is not modelled (one optimizer step per micro-batch: ~0.3% of these steps).
 
-`--fit` searches the two efficiencies of each device ("matmul", "attention": fractions of
-peak bf16) that minimise the largest |log(predicted / published)| over that device's rows;
-the presets in `shardsched/cost/device.py` hold its result, rounded.
+The step prices the compute a collective slows beside it (`DeviceSpec.comm_sm_share`, the SMs
+an NCCL kernel holds; `sim.timeline` [Note: collectives slow the compute beside them]); the
+`share 0` column is the same preset without it (the time model before it held the share), the
+`exact` column the step with compute slowed event by event rather than to first order.
 
-`--interference` is a what-if the time model does not hold (docs/design.md, "Why the MPT-13B
-H100 row is off"): compute slowed, while a collective runs beside it, by the share of the
-GPU's SMs the NCCL kernel holds (`NCCL_SM_SHARE`); each prediction then adds that share of
-the plan's overlapped communication seconds. With `--fit`, the refit under it.
+`--fit` searches the two efficiencies of each device ("matmul", "attention": fractions of
+peak bf16) that minimise the largest |log(predicted / published)| over that device's rows,
+with the preset's share and, to compare, without it; the presets in
+`shardsched/cost/device.py` hold the first, rounded.
 """
 from __future__ import annotations
 
@@ -35,17 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from shardsched.cost.device import DEVICES, Cluster, DeviceSpec  # noqa: E402
 from shardsched.models.spec import parse_model_spec  # noqa: E402
 from shardsched.profile.analytic import analytic_profile  # noqa: E402
+from shardsched.plan.schedule import scenario_for  # noqa: E402
+from shardsched.sim.timeline import replay  # noqa: E402
 from shardsched.solve.build import make_plan  # noqa: E402
 
 TOLERANCE = 0.15
-NCCL_SM_SHARE = {
-    # An NCCL kernel's CTAs never share an SM with a compute kernel (NVIDIA/nccl#689, sjeaugey:
-    # "NCCL CTAs won't share an SM with compute kernels"), so overlapped compute runs on the rest.
-    "h100": 24 / 132,  # ncclAllGather launched 24 blocks on a 132-SM H100 (NVIDIA developer forum,
-                       # "Compute-Communication Overlap Causes Severe GEMM Performance Degradation
-                       # because of Tail Effect", nsys trace of FSDP-style prefetch)
-    "a100": 16 / 108,  # "on DGX with 8 NICs ... it would use 16 SMs" (nccl#689); 108 SMs per A100
-}
 LLM_FOUNDRY = "mosaicml/llm-foundry scripts/train/benchmarking/README.md"
 TORCHTITAN_A100 = "pytorch/torchtitan docs/performance.md (Llama 2, 64 A100 80GB)"
 
@@ -62,6 +58,11 @@ def mpt(size: str, seq: int) -> str:
 
 LLAMA2_13B = "gpt:layers=40,hidden=5120,heads=40,ffn=13824,vocab=32000,seq=4096,mlp=swiglu,norm=rmsnorm," \
              "bias=false,learned_pos=false"
+
+
+CHECKPOINTED = "full_shard,blocks.*=full_shard+ckpt"
+"""Whole-layer checkpointing as llm-foundry applies it: the transformer blocks only (MPT's
+`activation_checkpointing_fn` is `isinstance(module, MPTBlock)`), not the embedding or the head."""
 
 
 class Published(NamedTuple):
@@ -102,32 +103,43 @@ CONFIGS: tuple[Published, ...] = (
 )
 
 
-def predicted(cfg: Published, device: DeviceSpec):
-    """The uniform full_shard (+ckpt) plan's `Predicted` on `device`."""
+def planned(cfg: Published, device: DeviceSpec):
+    """(the uniform full_shard (blocks checkpointed) plan on `device`, its profile, its cluster)."""
     spec = parse_model_spec(cfg.model)
     profile = analytic_profile(spec.config, micro_batch=cfg.micro_batch, seq=cfg.seq, device=device,
                                compute_dtype="bfloat16", name=cfg.name)
     cluster = Cluster(world=cfg.world, gpus_per_node=8, device=device)
-    return make_plan(profile, cluster, strategy="full_shard+ckpt" if cfg.ckpt else "full_shard",
-                     precision="bf16-mixed", optimizer="adam").predicted
+    plan = make_plan(profile, cluster, strategy=CHECKPOINTED if cfg.ckpt else "full_shard",
+                     precision="bf16-mixed", optimizer="adam")
+    return plan, profile, cluster
 
 
-def predicted_tokens_per_gpu(cfg: Published, device: DeviceSpec, interference: float = 0.0) -> float:
-    """Tokens per second per worker of the uniform full_shard (+ckpt) plan on `device`; with
-    `interference`, compute slowed by that share while its overlapped collectives run."""
-    p = predicted(cfg, device)
-    return cfg.micro_batch * cfg.seq / (p.step_seconds + interference * (p.comm_seconds - p.exposed_comm_seconds))
+def predicted(cfg: Published, device: DeviceSpec):
+    """The uniform full_shard (blocks checkpointed) plan's `Predicted` on `device`."""
+    return planned(cfg, device)[0].predicted
 
 
-def ratios(device: DeviceSpec, configs, interference: float = 0.0) -> list[float]:
-    return [predicted_tokens_per_gpu(c, device, interference) / c.tokens_per_gpu for c in configs]
+def exact_tokens_per_gpu(cfg: Published, device: DeviceSpec) -> float:
+    """As `predicted_tokens_per_gpu`, the step replayed with compute at (1 - share) of its speed
+    beside every collective (`sim.timeline.replay(exact=True)`), not to first order."""
+    plan, profile, cluster = planned(cfg, device)
+    return cfg.micro_batch * cfg.seq / replay(scenario_for(plan, profile, cluster), exact=True).step_seconds
 
 
-def fit(device: DeviceSpec, configs, interference: float = 0.0) -> tuple[float, float, float]:
+def predicted_tokens_per_gpu(cfg: Published, device: DeviceSpec) -> float:
+    """Tokens per second per worker of the uniform full_shard (blocks checkpointed) plan on `device`."""
+    return cfg.micro_batch * cfg.seq / predicted(cfg, device).step_seconds
+
+
+def ratios(device: DeviceSpec, configs) -> list[float]:
+    return [predicted_tokens_per_gpu(c, device) / c.tokens_per_gpu for c in configs]
+
+
+def fit(device: DeviceSpec, configs) -> tuple[float, float, float]:
     """(matmul, attention, worst |log ratio|): a coarse grid, then a finer one around its best."""
     def worst(mm: float, at: float) -> float:
         dev = dataclasses.replace(device, efficiency={"matmul": mm, "attention": at})
-        return max(abs(math.log(r)) for r in ratios(dev, configs, interference))
+        return max(abs(math.log(r)) for r in ratios(dev, configs))
 
     best = (1e9, 0.5, 0.5)
     for step, centre in ((0.05, None), (0.01, 1)):
@@ -140,34 +152,39 @@ def fit(device: DeviceSpec, configs, interference: float = 0.0) -> tuple[float, 
     return best[1], best[2], best[0]
 
 
+def unshared(device: DeviceSpec) -> DeviceSpec:
+    """The preset without the compute its collectives take (`DeviceSpec.comm_sm_share` 0)."""
+    return dataclasses.replace(device, comm_sm_share=0.0)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true", help="also search the efficiencies per device (about a minute)")
-    ap.add_argument("--interference", action="store_true",
-                    help="what-if: compute slowed by NCCL's share of the SMs while collectives overlap it")
     args = ap.parse_args()
     ok = True
-    print(f"{'device':6s} {'configuration':44s} {'published':>9s} {'predicted':>9s} {'ratio':>6s} {'comm/comp':>9s}"
-          + (f" {'what-if':>7s}" if args.interference else ""))
+    print(f"{'device':6s} {'configuration':44s} {'published':>9s} {'predicted':>9s} {'ratio':>6s} {'share 0':>7s} "
+          f"{'exact':>8s} {'comm/comp':>9s}")
     for cfg in CONFIGS:
         device = DEVICES[cfg.device]
         pred, p = predicted_tokens_per_gpu(cfg, device), predicted(cfg, device)
         ratio = pred / cfg.tokens_per_gpu
         ok &= abs(ratio - 1) <= TOLERANCE
-        what_if = predicted_tokens_per_gpu(cfg, device, NCCL_SM_SHARE.get(cfg.device, 0.0)) / cfg.tokens_per_gpu
-        print(f"{cfg.device:6s} {cfg.name:44s} {cfg.tokens_per_gpu:9.0f} {pred:9.0f} {ratio:6.3f} "
-              f"{p.comm_seconds / p.compute_seconds:9.2f}" + (f" {what_if:7.3f}" if args.interference else "")
+        before = predicted_tokens_per_gpu(cfg, unshared(device)) / cfg.tokens_per_gpu
+        exact = exact_tokens_per_gpu(cfg, device) / cfg.tokens_per_gpu
+        print(f"{cfg.device:6s} {cfg.name:44s} {cfg.tokens_per_gpu:9.0f} {pred:9.0f} {ratio:6.3f} {before:7.3f} "
+              f"{100 * (exact / ratio - 1):+7.3f}% {p.comm_seconds / p.compute_seconds:9.2f}"
               + f"{'' if abs(ratio - 1) <= TOLERANCE else '  <-- off by more than 15%'}")
-    print("(tokens/s per GPU; comm/comp: the plan's collective seconds over its compute seconds, nearly all "
-          "overlapped; memory is not published for these runs)")
+    print("(tokens/s per GPU; share 0: the same efficiencies, compute beside a collective not slowed; exact: "
+          "how much faster the step is with compute at (1 - share) speed beside every collective, not to first order; comm/comp: the plan's "
+          "collective seconds over its compute seconds, nearly all overlapped; memory is not published for these runs)")
     if args.fit:
         for name in sorted({c.device for c in CONFIGS}):
-            share = NCCL_SM_SHARE.get(name, 0.0) if args.interference else 0.0
             rows = [c for c in CONFIGS if c.device == name]
-            mm, at, err = fit(DEVICES[name], rows, share)
-            dev = dataclasses.replace(DEVICES[name], efficiency={"matmul": mm, "attention": at})
-            print(f"fit {name}{f' (interference {share:.3f})' if share else ''}: matmul {mm:.2f}, attention {at:.2f}, "
-                  f"worst |log ratio| {err:.3f}; ratios {' '.join(f'{r:.3f}' for r in ratios(dev, rows, share))}")
+            for base in (DEVICES[name], unshared(DEVICES[name])):
+                mm, at, err = fit(base, rows)
+                dev = dataclasses.replace(base, efficiency={"matmul": mm, "attention": at})
+                print(f"fit {name} (comm_sm_share {base.comm_sm_share:.3f}): matmul {mm:.2f}, attention {at:.2f}, "
+                      f"worst |log ratio| {err:.3f}; ratios {' '.join(f'{r:.3f}' for r in ratios(dev, rows))}")
     print("all within 15%" if ok else "some configurations are off by more than 15%")
     return 0 if ok else 1
 

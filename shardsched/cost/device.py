@@ -63,6 +63,15 @@ class DeviceSpec:
     """Default `--headroom` share of the budget left free (allocator fragmentation; `cost.headroom`)."""
     headroom_bytes: int = 0
     """Default `--headroom` bytes left free besides (CUDA context, NCCL buffers; `cost.headroom`)."""
+    comm_sm_share: float = 0.0
+    """Share of the device's compute a running collective takes from the compute beside it
+    (`sim.timeline` [Note: collectives slow the compute beside them]). An NCCL kernel's CTAs
+    never share an SM with a compute kernel (NVIDIA/nccl#689, NCCL maintainer: "NCCL CTAs won't
+    share an SM with compute kernels"), so overlapped compute runs on the other SMs: an H100
+    AllGather under FSDP-style prefetch was traced holding 24 of its 132 SMs (NVIDIA developer
+    forum, "Compute-Communication Overlap Causes Severe GEMM Performance Degradation because of
+    Tail Effect", nsys), an A100 node with 8 NICs 16 of 108 (nccl#689). 0 where nothing overlaps
+    (gloo on CPU, `overlap=False`) and on devices `shardsched profile` fits (CPU hosts)."""
     overlap: bool = True
     """Whether communication runs beside compute. NCCL collectives run on their
     own CUDA streams (FSDP2's all-gather and reduce-scatter streams), so they
@@ -72,6 +81,11 @@ class DeviceSpec:
     @property
     def flops(self) -> float:
         return self.peak_flops * self.mfu
+
+    @property
+    def overlap_share(self) -> float:
+        """`comm_sm_share` where collectives run beside compute, 0 where they block it."""
+        return self.comm_sm_share if self.overlap else 0.0
 
     def intra_link(self, collective: str) -> Link:
         """The intra-node link one collective kind runs at (`collectives`, else `intra`)."""
@@ -89,6 +103,13 @@ MiB = 1 << 20
 # lazy loading, pytorch/pytorch#107667) and NCCL's buffers (0.5-0.7 GB per communicator,
 # NVIDIA/nccl#964; nccl-tests keeps 1 GiB free, NVIDIA/nccl-tests#220).
 GPU_HEADROOM = dict(headroom_fraction=0.05, headroom_bytes=1 * GiB)
+
+# SMs an NCCL collective holds, over the part's SMs (`DeviceSpec.comm_sm_share`): an H100
+# AllGather launched 24 blocks on 132 SMs (NVIDIA developer forum, "Compute-Communication Overlap
+# Causes Severe GEMM Performance Degradation because of Tail Effect"); "on DGX with 8 NICs ... it
+# would use 16 SMs" of an A100's 108 (NVIDIA/nccl#689). H200: the H100's die.
+H100_NCCL_SMS = 24 / 132
+A100_NCCL_SMS = 16 / 108
 
 # Per-op-class efficiencies (fractions of peak bf16) of the A100 and H100 presets: the fit of
 # `bench/bench_gpu_presets.py --fit` to published FSDP throughput (llm-foundry's MPT tables,
@@ -111,23 +132,23 @@ DEVICES: dict[str, DeviceSpec] = {
                        memory_bandwidth=900e9),
     # A100 SXM4 80GB: 312 TFLOP/s bf16, NVLink3 ~230 GB/s algbw, 200 Gb/s HDR IB per GPU;
     # 81049 MiB total global memory (an A100 80GB's cudaDeviceProp, ekondis/mixbench#47).
-    "a100": DeviceSpec(name="a100", peak_flops=312e12, mfu=0.4, efficiency={"matmul": 0.68, "attention": 0.34},
-                       memory_bytes=81049 * MiB, **GPU_HEADROOM,
+    "a100": DeviceSpec(name="a100", peak_flops=312e12, mfu=0.4, efficiency={"matmul": 0.70, "attention": 0.33},
+                       memory_bytes=81049 * MiB, **GPU_HEADROOM, comm_sm_share=A100_NCCL_SMS,
                        intra=Link(alpha_seconds=25e-6 / 7, bandwidth=230e9),
                        inter=Link(alpha_seconds=5e-6, bandwidth=22e9),
                        memory_bandwidth=2.0e12),
     # H100 SXM 80GB: 989 TFLOP/s bf16; NVSwitch AllGather ~30 us, ~394 GB/s algbw (nccl-tests);
     # 400 Gb/s NDR IB per GPU; torch reports total_memory=81089MB (MiB) for 'NVIDIA H100 80GB HBM3'.
-    "h100": DeviceSpec(name="h100", peak_flops=989e12, mfu=0.4, efficiency={"matmul": 0.50, "attention": 0.18},
-                       memory_bytes=81089 * MiB, **GPU_HEADROOM,
+    "h100": DeviceSpec(name="h100", peak_flops=989e12, mfu=0.4, efficiency={"matmul": 0.53, "attention": 0.16},
+                       memory_bytes=81089 * MiB, **GPU_HEADROOM, comm_sm_share=H100_NCCL_SMS,
                        intra=Link(alpha_seconds=30e-6 / 7, bandwidth=394e9),
                        inter=Link(alpha_seconds=5e-6, bandwidth=45e9),
                        memory_bandwidth=3.35e12),
     # H200 SXM 141GB: the H100's GH100 die and clocks (989 TFLOP/s bf16, NVLink4, so the H100's
     # links and efficiencies: no public bf16 FSDP measurement on H200 was found; torchtitan's
     # H200 benchmark runs Float8), HBM3e at 4.8 TB/s; torch reports total_memory=143156MB (MiB).
-    "h200": DeviceSpec(name="h200", peak_flops=989e12, mfu=0.4, efficiency={"matmul": 0.50, "attention": 0.18},
-                       memory_bytes=143156 * MiB, **GPU_HEADROOM,
+    "h200": DeviceSpec(name="h200", peak_flops=989e12, mfu=0.4, efficiency={"matmul": 0.53, "attention": 0.16},
+                       memory_bytes=143156 * MiB, **GPU_HEADROOM, comm_sm_share=H100_NCCL_SMS,
                        intra=Link(alpha_seconds=30e-6 / 7, bandwidth=394e9),
                        inter=Link(alpha_seconds=5e-6, bandwidth=45e9),
                        memory_bandwidth=4.8e12),

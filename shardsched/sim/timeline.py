@@ -11,10 +11,13 @@ begins; compute of a step waits for its own AllGather; the optimizer step waits
 for every reduction. Step time = end of the optimizer step.
 On a device without overlap (gloo on CPU, `DeviceSpec.overlap`), every
 collective blocks compute: a step computes after all it issued, and the next
-step starts after its reduction.
+step starts after its reduction. On a device whose collectives hold SMs
+(`DeviceSpec.comm_sm_share`), compute beside a collective runs slower
+([Note: collectives slow the compute beside them]).
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -89,12 +92,16 @@ def launches_at(sc: Scenario) -> dict[int, list[tuple[int, int]]]:
     return out
 
 
-def replay(sc: Scenario, *, reduce: bool = True) -> Timeline:
+def replay(sc: Scenario, *, reduce: bool = True, exact: bool = False) -> Timeline:
     """Event times of one step under the schedule `sc` (reduce=False: a micro-batch whose
-    gradients are kept unsharded, `GradSync.LAST`: no reductions)."""
+    gradients are kept unsharded, `GradSync.LAST`: no reductions). `exact`: compute beside a
+    collective runs at (1 - share) of its speed while the collective runs, the reference the
+    planner's first-order step is measured against ([Note: collectives slow the compute beside
+    them]); nothing plans with it."""
     n, launches = sc.n, launches_at(sc)
     blocking = not sc.cluster.device.overlap
-    compute, comm = [], []
+    share = sc.cluster.device.overlap_share
+    compute, comm, lost = [], [], []
     channel_free, prev_end = 0.0, 0.0
     ready: dict[int, float] = {}  # use step -> end of its AllGather
     for s in range(2 * n + 1):
@@ -106,8 +113,10 @@ def replay(sc: Scenario, *, reduce: bool = True) -> Timeline:
         start = max(prev_end, channel_free if blocking else ready.get(s, 0.0))
         if s == 2 * n:
             start = max([start] + [c.end for c in comm if c.kind is not Collective.ALL_GATHER])
-        prev_end = start + _compute_seconds(sc, s)
+        seconds = _compute_seconds(sc, s)
+        prev_end = start + (beside(seconds, channel_free - start, share) if exact else seconds)
         compute.append(ComputeEvent(s, sc.step_name(s), start, prev_end))
+        lost.append(share * overlapped(start, prev_end, channel_free))
         if n <= s < 2 * n and reduce:
             i = 2 * n - 1 - s
             kind = reduce_kind(sc.strategies[i])
@@ -116,7 +125,67 @@ def replay(sc: Scenario, *, reduce: bool = True) -> Timeline:
             comm.append(CommEvent(kind, i, s, rs_start, channel_free))
             if blocking:
                 prev_end = channel_free
-    return Timeline(tuple(compute), tuple(comm))
+    return slowed(compute, comm, lost) if share and not exact else Timeline(tuple(compute), tuple(comm))
+
+
+# [Note: collectives slow the compute beside them]
+# An NCCL collective is a kernel: its CTAs hold SMs the whole time it runs and never share one
+# with a compute kernel (NVIDIA/nccl#689), so compute overlapping it runs on the rest: an H100
+# AllGather under FSDP-style prefetch holds 24 of 132 SMs (`DeviceSpec.comm_sm_share`, which
+# cites the traces). Compute beside a collective for o seconds therefore finishes share x o of
+# its work late. The replay charges that to first order: it schedules the step as if nothing
+# slowed, takes each compute step's overlap o_s with the channel, lengthens that step by
+# share x o_s and moves everything after it later by as much (`slowed`). Then
+#   step = T0 + share x sum_s o_s = (1 - share) T0 + share (compute + communication),
+# T0 being the unslowed step, because the replay never leaves both streams idle (a collective
+# starts at its issue or when the channel frees, and everything queued was issued by the time
+# the compute beside it starts), so overlap = compute + communication - T0. That is linear in
+# T0 and in the plan's choices, so the MILP prices it exactly (`solve.milp`, its objective).
+# What the first order leaves out: the late work could itself run beside a later collective
+# (slowed again) or under communication that outlasts it (hidden). `replay(exact=True)` runs the
+# step at (1 - share) speed beside the channel, event by event (`beside`): not linear (a step
+# the channel outlasts takes seconds / (1 - share), one it does not seconds + share x busy), so
+# it only measures the first order: on every published configuration of
+# `bench/bench_gpu_presets.py` the two agree within 0.02% (its `exact` column); they part where
+# compute is short beside long collectives (tests/sim/test_timeline.py).
+# The overlap of step s is closed form: the channel is busy from the step's start until it frees
+# (everything queued was issued by then, and what the step issues starts after it ends), so
+# o_s = min(channel free, end) - start, if positive.
+
+
+def beside(seconds: float, busy: float, share: float) -> float:
+    """Exact: how long `seconds` of compute take when the channel stays busy for `busy` more
+    seconds and computes run at (1 - share) of their speed meanwhile."""
+    if busy <= 0 or not share:
+        return seconds
+    slow = seconds / (1 - share)
+    return slow if slow <= busy else seconds + share * busy
+
+
+def overlapped(start: float, end: float, channel_free: float) -> float:
+    """Seconds compute [start, end] runs beside the channel, which is busy from `start` until
+    `channel_free` (the AllGathers issued up to this step, before its reduction)."""
+    return max(0.0, min(channel_free, end) - start)
+
+
+def slowed(compute: list[ComputeEvent], comm: list[CommEvent], lost: list[float]) -> Timeline:
+    """The timeline with compute step s lengthened by `lost[s]` and every event after it moved
+    later by as much ([Note: collectives slow the compute beside them]); a collective keeps its
+    duration and moves with the last compute step that ended before it started."""
+    ends, delays, delay = [], [], 0.0
+    out = []
+    for ev, extra in zip(compute, lost):
+        start = ev.start + delay
+        delay += extra
+        out.append(ev._replace(start=start, end=ev.end + delay))
+        ends.append(ev.end)
+        delays.append(delay)
+
+    def moved(c: CommEvent) -> CommEvent:
+        k = bisect_right(ends, c.start)
+        d = delays[k - 1] if k else 0.0
+        return c._replace(start=c.start + d, end=c.end + d)
+    return Timeline(tuple(out), tuple(moved(c) for c in comm))
 
 
 def _compute_seconds(sc: Scenario, s: int) -> float:

@@ -41,6 +41,12 @@ of its last module the other layers' kept inputs (`checkpointed_lead_bytes`); it
 backward copy-out row (gated by big-M on the gathering strategies' z) only its inputs
 and, for full_shard_node, its slice.
 
+Objective: the step, (1 - share) E[2n] + share (compute + recomputation + communication +
+optimizer), where share is what a collective takes from the compute beside it
+(`DeviceSpec.comm_sm_share`; [Note: collectives slow the compute beside them] in
+sim/timeline.py): E[2n] is the unslowed step, the rest a constant and terms on z and ck/sc,
+so it is the replay's step for every choice (0 share: E[2n] alone).
+
 Big-M: with the warm start's step time T_ub as an upper bound on E[2n] (a
 schedule worse than the start is useless), every AllGather ends by T_ub, so
 M = T_ub - (compute before u) is valid and as tight as we know how to make it.
@@ -91,6 +97,8 @@ class _Model:
 
     def __init__(self):
         self.lb, self.ub, self.integer, self.cost, self.rows = [], [], [], [], []
+        self.offset = 0.0
+        """The objective's constant term."""
 
     def var(self, lb=0.0, ub=1.0, *, integer=False) -> int:
         self.lb.append(lb)
@@ -110,6 +118,7 @@ class _Model:
         lp = highspy.HighsLp()
         lp.num_col_, lp.num_row_ = len(self.lb), len(self.rows)
         lp.col_cost_ = np.array(self.cost)
+        lp.offset_ = self.offset
         lp.col_lower_, lp.col_upper_ = np.array(self.lb), np.array(self.ub)
         lp.row_lower_ = np.array([lo for _, lo, _ in self.rows], dtype=float)
         lp.row_upper_ = np.array([hi for _, _, hi in self.rows], dtype=float)
@@ -487,7 +496,22 @@ class _Build:
         m.ge({self.E[2 * n]: 1.0}, _add({self.E[2 * n - 1]: 1.0}, opt))
         m.ge({self.E[2 * n]: 1.0}, _add({self.Z[2 * n - 1]: 1.0}, opt))
         m.ge({self.E[2 * n]: 1.0}, _add(self._all_comm(), opt))  # a valid cut: the channel is serial
-        m.cost[self.E[2 * n]] = 1.0
+        self._objective(opt)
+
+    def _objective(self, opt: dict) -> None:
+        """The step: E[2n], the replay's step before compute is slowed, plus the compute a collective
+        beside it slows, share x (compute + communication - E[2n]) ([Note: collectives slow the
+        compute beside them] in sim/timeline.py): linear, so exact for every choice."""
+        m, n, share = self.m, self.n, self.p.cluster.device.overlap_share
+        m.cost[self.E[2 * n]] = 1.0 - share
+        if not share:
+            return
+        work = _add(self._all_comm(), opt)
+        for s in range(n, 2 * n):
+            work = _add(work, self._recompute(s))
+        for col, coef in work.items():
+            m.cost[col] += share * coef
+        m.offset = share * sum(self.comp)
 
     def _channel(self, s: int) -> None:
         n, m = self.n, self.m
@@ -855,7 +879,13 @@ def lower_bound(p: Problem, budget: float = math.inf) -> float:
     c = costs_of(p)
     comm = sum(min(c.agf[i][k] + c.agb[i][k] + c.red[i][k] for k in p.allowed[i]) for i in range(p.n))
     opt = sum(min(c.shard[i][k] for k in p.allowed[i]) for i in range(p.n)) * c.opt_per_param
-    return max(sum(c.fwd) + sum(c.bwd) + _least_recompute(p, c, budget), comm) + opt
+    compute = sum(c.fwd) + sum(c.bwd) + _least_recompute(p, c, budget)
+    if not math.isfinite(compute):
+        return math.inf
+    # the step is (1 - share) T0 + share (compute + communication), T0 >= either ([Note:
+    # collectives slow the compute beside them]); every term grows with what it is taken at
+    share, unslowed = p.cluster.device.overlap_share, max(compute, comm)
+    return unslowed + share * (compute + comm - unslowed) + opt if share else unslowed + opt
 
 
 def _least_recompute(p: Problem, c: Costs, budget: float) -> float:

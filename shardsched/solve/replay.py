@@ -18,7 +18,7 @@ from shardsched.core.types import Checkpoint, Strategy
 from shardsched.cost.memory import state_bytes
 from shardsched.cost.strategy import gather_seconds, reduce_seconds, shard_count
 from shardsched.plan.schedule import optimizer_seconds_per_param, with_host_overhead
-from shardsched.sim.timeline import replay
+from shardsched.sim.timeline import overlapped, replay
 from shardsched.solve.candidates import Choice, Problem
 
 
@@ -36,6 +36,8 @@ class Replay:
         self.sac = [u.backward_seconds + r for u, r in zip(self.units, sel)]
         self.per_param = optimizer_seconds_per_param(self.sb, cl)
         self.blocking = not cl.device.overlap
+        # [Note: collectives slow the compute beside them] in sim/timeline.py
+        self.share = cl.device.overlap_share
         self._tab: dict[tuple[int, Strategy], tuple[float, float, float, int]] = {}
 
     def _unit(self, i: int, k: Strategy) -> tuple[float, float, float, int]:
@@ -66,7 +68,8 @@ class Replay:
             if ch.bwd[i] is not None:
                 launches[ch.bwd[i]].append((2 * n - 1 - i, tab[i][1]))
         ckpt = ch.ckpt or (False,) * n
-        channel_free = prev_end = last_reduce = 0.0  # the channel is FIFO: its ends only grow
+        channel_free = prev_end = last_reduce = delay = 0.0  # the channel is FIFO: its ends only grow
+        share = self.share
         ready: dict[int, float] = {}
         for s in range(2 * n + 1):
             for use, t in sorted(launches[s]):
@@ -76,11 +79,15 @@ class Replay:
             start = max(prev_end, channel_free if self.blocking else ready.get(s, 0.0))
             if s < n:
                 prev_end = start + units[s].forward_seconds
+                if share:
+                    delay += share * overlapped(start, prev_end, channel_free)
             elif s < 2 * n:
                 i = 2 * n - 1 - s
                 mode = ckpt[i]
                 prev_end = start + (self.sac[i] if mode is Checkpoint.SELECTIVE else self.full[i] if mode
                                     else units[i].backward_seconds)
+                if share:
+                    delay += share * overlapped(start, prev_end, channel_free)
                 rs_start = max(channel_free, prev_end)
                 channel_free = rs_start + tab[2 * n - 1 - s][2]
                 last_reduce = channel_free
@@ -89,4 +96,6 @@ class Replay:
             else:
                 start = max(start, last_reduce)
                 prev_end = start + sum(t[3] for t in tab) * self.per_param
+        if share:  # `sim.timeline.slowed`: the optimizer step ends the step, moved by every step's delay
+            return prev_end + delay
         return max(prev_end, channel_free)

@@ -76,14 +76,37 @@ def _bench():
     return mod
 
 
-# The one published configuration the two H100 efficiencies cannot bring within 15% (the best
-# minimax fit leaves it at +16.7%; docs/design.md "GPU presets from public measurements").
-KNOWN_MISS = {("h100", "MPT-13B seq 2048"): 0.17}
-
-
 def test_published_configurations_within_15_percent():
-    """Every configuration the presets were set from (bench/bench_gpu_presets.py, ~0.3 s)."""
+    """Every configuration the presets were set from (bench/bench_gpu_presets.py, ~1 s), the
+    MPT-13B H100 row (+16.7% before the step priced `comm_sm_share`) included."""
     bench = _bench()
     for cfg in bench.CONFIGS:
         ratio = bench.predicted_tokens_per_gpu(cfg, DEVICES[cfg.device]) / cfg.tokens_per_gpu
-        assert abs(ratio - 1) <= KNOWN_MISS.get((cfg.device, cfg.name), bench.TOLERANCE), (cfg.name, ratio)
+        assert abs(ratio - 1) <= bench.TOLERANCE, (cfg.name, ratio)
+
+
+def test_collectives_hold_sms_on_the_gpu_presets_only():
+    """The SM shares the presets cite (`DeviceSpec.comm_sm_share`): 24 of an H100's 132 SMs (H200:
+    the same die), 16 of an A100's 108; nothing where collectives block compute (gloo on CPU)."""
+    assert DEVICES["h100"].comm_sm_share == DEVICES["h200"].comm_sm_share == 24 / 132
+    assert DEVICES["a100"].comm_sm_share == 16 / 108
+    assert DEVICES["cpu"].comm_sm_share == 0.0 and not DEVICES["cpu"].overlap
+
+
+def test_the_share_slows_the_row_that_overlaps_most():
+    """The MPT-13B H100 row overlaps the most communication per compute second (micro-batch 2):
+    its step grows by share x its overlapped seconds (= compute + communication - the unslowed
+    step, [Note: collectives slow the compute beside them]); a row with little communication
+    barely moves."""
+    import dataclasses
+    bench = _bench()
+    rows = {c.name: c for c in bench.CONFIGS if c.device == "h100"}
+    h100 = DEVICES["h100"]
+    for name in ("MPT-13B seq 2048", "MPT-1B seq 32768"):
+        slowed, plain = (bench.predicted(rows[name], d) for d in (h100, bench.unshared(h100)))
+        overlap = plain.compute_seconds + plain.comm_seconds - plain.step_seconds
+        assert slowed.step_seconds == pytest.approx(plain.step_seconds + h100.comm_sm_share * overlap, rel=1e-9)
+        assert slowed.comm_seconds == pytest.approx(plain.comm_seconds, rel=1e-9)
+        assert slowed.step_seconds - slowed.compute_seconds == pytest.approx(
+            plain.step_seconds - plain.compute_seconds, rel=1e-6, abs=1e-12)  # the slowdown is compute's
+    assert dataclasses.replace(h100, comm_sm_share=0.0) == bench.unshared(h100)

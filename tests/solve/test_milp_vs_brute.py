@@ -86,6 +86,33 @@ def test_objective_equals_replay_and_fits(seed, cluster):
             assert s.seconds <= score("g", p, start).seconds * (1 + 1e-12)
 
 
+# Collectives that hold a quarter of the compute beside them (`DeviceSpec.comm_sm_share`; an H100's
+# NCCL AllGather holds 24 of 132 SMs): the MILP's objective prices it ([Note: collectives slow the
+# compute beside them] in sim/timeline.py).
+SHARED = Cluster(world=8, gpus_per_node=8, device=dataclasses.replace(OVERLAP.device, comm_sm_share=0.25))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_milp_prices_the_sm_share_as_brute_force(seed):
+    """Objective == brute force == replay with compute slowed beside collectives, and the share
+    moves the answer (the step is not the unslowed one)."""
+    problems = candidate_problems(synth(4, seed), SHARED, **KW)
+    plain = candidate_problems(synth(4, seed), OVERLAP, **KW)
+    for budget in budgets(problems):
+        _, b = brute_all(problems, budget=budget)
+        solved = [milp.solve(p, budget=budget) for p in problems]
+        best = min(solved, key=lambda r: r.objective)
+        assert best.objective == pytest.approx(b.seconds, rel=1e-9)
+        assert b.seconds > brute_all(plain, budget=budget)[1].seconds * (1 + 1e-6)
+        for p, r in zip(problems, solved):  # the search's bound stays one (`milp.lower_bound`)
+            assert milp.lower_bound(p, budget) <= r.objective * (1 + 1e-9)
+    r = random.Random(seed)
+    for p in problems[:3]:
+        bld, ev = milp._Build(p, budget=1 << 40, ahead=p.n, t_ub=None), Evaluator(p)
+        for _ in range(10):
+            check_rows_and_evaluator(p, bld, ev, random_choice(p, r))
+
+
 def test_memory_rows_and_evaluator_match_simulator():
     r = random.Random(7)
     for p in candidate_problems(synth(5, 5), CLUSTER, **KW)[:5]:
@@ -104,4 +131,5 @@ def check_rows_and_evaluator(p, b, ev, ch: Choice) -> None:
         if gate is None or sum(x[g] for g in gate) > 0.5:
             rows[s] = max(rows[s], const + sum(c * x[k] for k, c in terms.items()))
     assert [v * milp.GiB for v in rows] == pytest.approx(sim, abs=64)
-    assert x[b.E[-1]] * b.tscale == pytest.approx(replay(p.scenario(ch)).step_seconds, rel=1e-12)
+    objective = b.m.offset + sum(c * v for c, v in zip(b.m.cost, x))  # E[2n], and the share's term
+    assert objective * b.tscale == pytest.approx(replay(p.scenario(ch)).step_seconds, rel=1e-12)
