@@ -8,14 +8,12 @@ from the least-memory plan's peak to twice it), run under FSDP2 on a fake proces
 measured by FSDPMemTracker (tests/plan/_generated.py). A fixed sample of 50 runs here; the
 benchmark `bench/bench_generated_memory.py --cases 500` prints the distribution.
 
-What is asserted is what holds today (`--cases 500 --seed 10000`, session 8, a quarter of the
-plans accumulating 2-3 micro-batches: 99.8% within 3%, 96.6% within 1%, -2.7..+4.0%, 2 of 212
-auto plans over their budget by 0.18% and 0.19%), and it is not yet the issue's goal of 3% on
-every case and no auto plan over its budget:
-- every plan runs, and auto plans never exceed their budget by more than BUDGET_SLACK;
-- no prediction is more than UNDER below the measured peak (the dangerous side: a plan that
-  says it fits and does not), none more than OVER above it, and at least INSIDE_3 of the
-  sample is within 3%.
+What is asserted is the issue's goal (`--cases 500 --seed 10000`, session 9, a quarter of the
+plans accumulating 2-3 micro-batches, half the CNNs U-Nets: all within 3%, 97.4% within 1%,
+-2.7..+2.8%, 0 of 212 auto plans over their budget):
+- every plan runs, and auto plans never exceed their budget;
+- no prediction is more than 3% below the measured peak (the dangerous side: a plan that
+  says it fits and does not) or above it.
 Below, the cases that found a moment, each within 1% of FSDPMemTracker (and its budget).
 """
 import warnings
@@ -25,10 +23,8 @@ from hypothesis import HealthCheck, given, seed, settings
 
 from ._generated import cases, draw_case, measure
 
-UNDER = 0.03   # 500 cases (seeds 10000..10499): -2.7% at worst (a CNN accumulating 2)
-OVER = 0.05    # +4.0% at worst (a Mixer on DDP)
-INSIDE_3 = 0.95  # 99.8% there
-BUDGET_SLACK = 0.003  # 2 of 212 auto plans over their budget, by 0.19% at most
+UNDER = 0.03   # the issue's 3%; 500 cases (seeds 10000..10499): -2.7% at worst (a CNN accumulating 2)
+OVER = 0.03    # +2.8% at worst (an LM with a repeated block, auto)
 SAMPLE = 50
 _seen: list[dict] = []
 
@@ -48,16 +44,16 @@ def _each(case):
     _seen.append(c)
     assert -UNDER <= c["error"] <= OVER, (spec, plan, c["error"])
     if c["budget"] is not None:
-        assert c["measured"] <= c["budget"] * (1 + BUDGET_SLACK), (spec, plan, c["measured"], c["budget"])
+        assert c["measured"] <= c["budget"], (spec, plan, c["measured"], c["budget"])  # 0 of 212 auto plans over
 
 
 def test_generated_models_and_plans_against_fsdp2():
     _seen.clear()
     _each()
-    inside = sum(abs(c["error"]) <= 0.03 for c in _seen) / len(_seen)
-    print(f"{len(_seen)} cases, {inside:.0%} within 3%")
+    inside = sum(abs(c["error"]) <= 0.01 for c in _seen) / len(_seen)
+    print(f"{len(_seen)} cases, all within 3%, {inside:.0%} within 1%")
     assert len(_seen) >= SAMPLE * 0.9  # hypothesis may drop a few duplicate seeds
-    assert inside >= INSIDE_3
+    assert inside >= 0.9  # 97.4% of the 500
 
 
 def _case(k: int) -> dict:
@@ -99,3 +95,16 @@ def test_auto_after_a_recomputed_unit_fits(k):
     c = _case(k)
     assert c["measured"] <= c["budget"], (c["measured"], c["budget"])
     assert abs(c["error"]) <= 0.02, c["error"]
+
+
+@pytest.mark.parametrize("k", [10406, 10185, 673838])
+def test_unets_the_generator_found(k):
+    """U-Nets (the loop's `x` holds the last output through the next decoder's forward, [Note:
+    outputs the caller's code holds] in profile/held.py): a selective plan (-3.3%), an auto plan
+    of one fused checkpointed unit (-10.5%, over its budget), and an auto plan of one fused
+    plain unit whose head's input, a ReLU's output, was counted twice at its last module's
+    start (+3.6%)."""
+    c = _case(k)
+    assert abs(c["error"]) <= 0.01, c["error"]
+    if c["budget"] is not None:
+        assert c["measured"] <= c["budget"], (c["measured"], c["budget"])
