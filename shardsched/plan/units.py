@@ -84,7 +84,14 @@ def unit_dims(layers: list[LayerProfile]) -> tuple[tuple[int, int], ...]:
 def kept_when_checkpointed(layer: LayerProfile) -> int:
     """A checkpointed layer's inputs, and what code outside it saved (not recomputed), its
     own saved outputs among them (`LayerProfile.outside_kept_bytes`)."""
-    return layer.input_bytes + layer.outside_bytes + layer.outside_kept_bytes
+    return own_inputs(layer) + layer.outside_bytes + layer.outside_kept_bytes
+
+
+def own_inputs(layer: LayerProfile) -> int:
+    """Its inputs that it keeps when recomputed, less what code outside every layer saved
+    first (kept by that code: counted in the activations it is folded into; a residual CNN
+    after an `nn.Sequential` stem with its ReLU between layers was 9% over counting it again)."""
+    return max(0, layer.input_bytes - layer.input_saved_outside_bytes)
 
 
 # [Note: selective checkpointing as kept bytes]
@@ -166,14 +173,15 @@ def _as_selective(layer: LayerProfile) -> LayerProfile:
 
 def recomputed_bytes(layer: LayerProfile) -> int:
     """Live bytes of a checkpointed layer while one of its calls is recomputed: what it saves,
-    and its kept inputs where an earlier layer saved them (`LayerProfile.input_saved_bytes`: a
-    conv block after a ReLU's output ran 6% above its prediction as that input was left out)."""
+    and its kept input where an earlier layer's own code saved it (`LayerProfile.
+    input_saved_before_bytes`: a conv block after a ReLU-ending block ran 6% above its
+    prediction as that input was left out; one after a ReLU outside the layers, 9.7% below
+    when its kept input was counted again)."""
     c = max(1, layer.calls)
     kept = kept_when_checkpointed(layer)
     if c > 1:
         return layer.activation_bytes // c + kept - kept // c
-    saved_elsewhere = 0 if layer.input_saved_bytes is None else max(0, layer.input_bytes - layer.input_saved_bytes)
-    return layer.activation_bytes + saved_elsewhere
+    return layer.activation_bytes + layer.input_saved_before_bytes
 
 
 class LayerBytes(NamedTuple):
@@ -212,7 +220,7 @@ def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
         produced = max(produced, (ows if inner else 0) // 2)
         out.append(LayerBytes(kept_when_checkpointed(layer), layer.activation_bytes, ws + (ows if inner else 0),
                               layer.params, recomputed_bytes(layer), produced, max(ck_produced, produced),
-                              layer.input_bytes // max(1, layer.calls), layer.output_bytes, max(1, layer.calls),
+                              own_inputs(layer) // max(1, layer.calls), layer.output_bytes, max(1, layer.calls),
                               layer.recall_workspace_bytes or ws, layer.bucketed_workspace_bytes or ws, held))
     return tuple(out)
 
@@ -262,7 +270,7 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
         # a layer's input live as it starts is its input, not the outputs its selective form keeps
         # ... and the outputs the calling code holds are what its policy does not keep
         cost = dataclasses.replace(cost, layer_bytes=tuple(
-            b._replace(inp=layer.input_bytes // max(1, layer.calls), held=held_in_unit(layers, k, selective=True))
+            b._replace(inp=own_inputs(layer) // max(1, layer.calls), held=held_in_unit(layers, k, selective=True))
             for k, (b, layer) in enumerate(zip(cost.layer_bytes, layers))))
         last = len(layers) - 1
         held = held_in_unit(layers, last, selective=True) - held_in_unit(layers, last)
@@ -270,7 +278,7 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
             layers[-1].selective_outside_input_bytes if cost.outside_workspace_bytes else 0),
                                    checkpointed_lead_bytes=cost.checkpointed_lead_bytes - last_extra + held)
     names = tuple(layer.name for layer in layers)
-    last_input = layers[-1].input_bytes if len(layers) > 1 else 0
+    last_input = own_inputs(layers[-1]) if len(layers) > 1 else 0
     return UnitCost(name=unit_name(names), layers=names, dims=unit_dims(layers),
                     params=sum(layer.params for layer in layers),
                     forward_seconds=sum(layer.forward_seconds for layer in layers),

@@ -174,6 +174,8 @@ class _Stats:
         self.held: HeldOutputs | None = None
         self.final: set[str] = set()  # the layers the profile keeps (after folding)
         self.input_saved: dict[str, int] = defaultdict(int)  # `LayerProfile.input_saved_bytes`
+        self.input_saved_before: dict[str, int] = defaultdict(int)  # `LayerProfile.input_saved_before_bytes`
+        self.input_saved_outside: dict[str, int] = defaultdict(int)  # `LayerProfile.input_saved_outside_bytes`
         self.outside_largest: dict[str, int] = defaultdict(int)  # its largest tensor
         self.largest_saved: dict[str, int] = defaultdict(int)  # per key: folded keys become outside
         # selective checkpointing ([Note: the selective checkpointing policy] in runtime/sac.py)
@@ -218,6 +220,15 @@ class _Tracer:
                          if _storage_key(t) not in self.saved_keys}
                 self.stats.entry[name] = _nbytes(list(fresh.values()))
                 self.stats.fresh_inputs[name] = set(fresh)
+                # of the rest, what an earlier layer's own code saved first (`input_saved_before_bytes`)
+                before = {_storage_key(t): t for t in L.tensors_in((args, kwargs))
+                          if self.stats.saved_inside.get(_storage_key(t), name) != name}
+                self.stats.input_saved_before[name] = _nbytes(list(before.values()))
+                # and what code outside every layer saved first: that code keeps it anyway
+                outside = {_storage_key(t): t for t in L.tensors_in((args, kwargs))
+                           if _storage_key(t) in self.saved_keys and _storage_key(t) not in self.persistent_keys
+                           and _storage_key(t) not in self.stats.saved_inside}
+                self.stats.input_saved_outside[name] = _nbytes(list(outside.values()))
             self.stats.calls[name] += 1
             if name in self.layer_set:
                 if name not in self.ran:
@@ -608,7 +619,7 @@ def _expand(tracer: _Tracer, full: list[str], kids: list[str], stacks) -> None:
     targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
     plain = (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
              st.forward_nosave, st.entry, st.sac_saved, st.sac_moved, st.forward_sac, st.sac_outside, st.exit, st.output, st.recall, st.bucketed,
-             st.outside_kept, st.input_saved)
+             st.outside_kept, st.input_saved, st.input_saved_before, st.input_saved_outside)
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
                   {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
                   [d.get(src, 0) for d in plain], dict(st.sac_flops.get(src, {}))) for _, src in targets}
@@ -661,6 +672,8 @@ def _fold(stats: _Stats, ran: list[str], final: list[str]) -> None:
         stats.outside.pop(k, None)
         stats.outside_kept[target] += stats.outside_kept.pop(k, 0)
         stats.input_saved.pop(k, None)  # its inputs are not the target's
+        stats.input_saved_before.pop(k, None)
+        stats.input_saved_outside.pop(k, None)
         stats.outside_largest[target] = max(stats.outside_largest[target], stats.outside_largest.pop(k, 0),
                                             stats.largest_saved.pop(k, 0))
         stats.workspace[target] = max(stats.workspace[target], stats.workspace.pop(k, 0))
@@ -707,7 +720,9 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         + st.sac_moved.get(name, 0) / bw,
         input_bytes=st.inputs.get(name, 0), entry_bytes=st.entry.get(name, 0), outside_bytes=st.outside.get(name, 0),
         **_code_held(name, st),
-        outside_kept_bytes=st.outside_kept.get(name, 0), input_saved_bytes=st.input_saved.get(name, 0), calls=max(1, st.calls.get(name, 1)),
+        outside_kept_bytes=st.outside_kept.get(name, 0), input_saved_bytes=st.input_saved.get(name, 0),
+        input_saved_before_bytes=st.input_saved_before.get(name, 0),
+        input_saved_outside_bytes=st.input_saved_outside.get(name, 0), calls=max(1, st.calls.get(name, 1)),
         forward_flops=fwd,
         backward_flops=bwd,
         forward_moved_bytes=st.moved["fwd"].get(name, 0), backward_moved_bytes=st.moved["bwd"].get(name, 0),

@@ -51,8 +51,17 @@ class LayerProfile:
     """Of its (first call's) inputs, what its own code saved first, so `activation_bytes`
     counts it (a block's first norm saves the residual stream); an input an earlier layer saved
     (a ReLU's output before a conv) is counted there. A recomputed layer keeps its inputs
-    beside what it recomputes (`plan.units.recomputed_bytes`). None = unknown (taken as all of
-    them)."""
+    beside what it recomputes. None = unknown (taken as all of them)."""
+    input_saved_before_bytes: int = 0
+    """Of its (first call's) inputs, what an earlier layer's own code saved first (the ReLU
+    ending the block before): counted in that layer's activations only, so a recomputed layer
+    holds it beside what it recomputes (`plan.units.recomputed_bytes`). An input code outside
+    every layer saved (a ReLU between `nn.Sequential` layers) is that code's, kept anyway."""
+    input_saved_outside_bytes: int = 0
+    """Of its (first call's) inputs, what code outside every layer saved first (a ReLU between
+    `nn.Sequential` layers): in the activations of the layer that code is folded into, kept
+    whatever recomputes, so a checkpointed layer's kept inputs leave it out
+    (`plan.units.kept_when_checkpointed`)."""
     code_held: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """Per earlier layer, (bytes when it recomputes, when it recomputes selectively) of its
     outputs that the calling code still holds as this layer's forward starts and that only

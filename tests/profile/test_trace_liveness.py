@@ -116,8 +116,32 @@ def test_a_recomputed_layer_keeps_the_input_an_earlier_layer_saved():
     n, d = 4, 32
     layers = _profile(Chain(d), torch.randn(n, d))
     b, c = layers["b"], layers["c"]
-    assert (b.input_bytes, b.input_saved_bytes) == (n * d * F32, 0)
-    assert (c.input_bytes, c.input_saved_bytes) == (n * d * F32, n * d * F32)
+    assert (b.input_bytes, b.input_saved_bytes, b.input_saved_before_bytes) == (n * d * F32, 0, n * d * F32)
+    assert (c.input_bytes, c.input_saved_bytes, c.input_saved_before_bytes) == (n * d * F32, n * d * F32, 0)
     # recomputing b holds its kept input (saved by a's ReLU in the plain trace) beside what it saves
     assert recomputed_bytes(b) == b.activation_bytes + n * d * F32
     assert recomputed_bytes(c) == c.activation_bytes
+
+
+class Stem(nn.Module):
+    """Linear -> LayerNorm (layers of an `nn.Sequential`), a ReLU after them (code outside every
+    layer), then a Linear: its input was saved first by that ReLU, not by a layer."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.seq = nn.Sequential(nn.Linear(d, d), nn.LayerNorm(d), nn.ReLU(), nn.Linear(d, d))
+
+    def forward(self, x):
+        return self.seq(x).square().mean()
+
+
+def test_an_input_outside_code_saved_is_not_kept_again_when_recomputing():
+    torch.set_num_threads(1)
+    n, d = 4, 32
+    last = _profile(Stem(d), torch.randn(n, d))["seq.3"]
+    assert (last.input_bytes, last.input_saved_before_bytes, last.input_saved_outside_bytes) == \
+        (n * d * F32, 0, n * d * F32)
+    assert recomputed_bytes(last) == last.activation_bytes
+    # the ReLU keeps it whatever recomputes: not among the inputs a recomputed layer keeps
+    assert kept_when_checkpointed(last) == last.outside_bytes + last.outside_kept_bytes
+
