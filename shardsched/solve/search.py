@@ -47,6 +47,9 @@ from shardsched.sim.scenario import default_launch
 from shardsched.plan.units import ROOT, root_strategy
 
 FULL_WINDOW_UNITS = 40
+CONTEND_UNITS = 2 * FULL_WINDOW_UNITS
+"""No contenders for the lead when one of them has more units ([Note: contenders for the lead]):
+GPT-3's 97-unit groupings have their 10 s in starts and polishes already."""
 """Up to this many units every launch point is allowed (exact); above, the
 window is capped so the MILP keeps ~2,000 launch binaries (`milp.windows`)."""
 OPTIMAL_TOL = 1e-6
@@ -131,10 +134,14 @@ class Effort(NamedTuple):
     where a search from them ends (`bench_plan_speed.py --random 8 --seed 0`, r2: the best
     start, a partitioned 22-unit grouping, ends at 0.5770 s with a bound of 0.5749; the 23-unit
     grouping 0.8% behind it ends at 0.5651 s, the 10x search's)."""
+    tie: float = 0.001
+    """Contenders whose polished starts are within this fraction of the best are tied, and the
+    one of most units leads ([Note: contenders for the lead]): finer units leave the MILP and
+    the moves more to change."""
     contenders: int = 3
     """At most this many contenders, best start first; none when one of them has more than
-    `FULL_WINDOW_UNITS` units (there a polish costs seconds of the 10 s target, and the
-    41-64-unit leads' narrowed MILPs take the rest)."""
+    `CONTEND_UNITS` units (it was `FULL_WINDOW_UNITS`: a half polish is about 1 CPU s whatever
+    the units, and seed 1's r2 needed a 55-unit contender, [Note: contenders for the lead])."""
 
     def lead_effort(self, p: Problem) -> Effort:
         halve = p.n > self.halve_units * self.scale and self.narrow(p) > 0
@@ -367,23 +374,32 @@ def _contend(problems: list[Problem], starts: dict, *, budget: int, effort: Effo
     [Note: contenders for the lead] Only the lead grouping gets the local search and the MILP
     before the end, so which grouping leads decides the plan, and starts 1% apart do not say
     which search ends faster. Groupings whose start is within `Effort.contend` of the best
-    (up to `Effort.contenders`, when none has more than `FULL_WINDOW_UNITS` units) are each polished with
+    (up to `Effort.contenders`, when none has more than `CONTEND_UNITS` units) are each polished with
     half the local work first, in the order of their starts; the fastest then leads, and its
     first polish in `solve_grouping` gets the other half, so the lead's work is unchanged and
-    each other contender costs half a polish. Deterministic: the rule reads the starts only."""
+    each other contender costs half a polish. Where the polished starts are within `Effort.tie`
+    of the fastest, the one of most units leads instead: the polish often cannot move such
+    starts at all, and the lead's MILP, a large move, has more to change on finer units
+    (`bench_plan_speed.py --random 8 --seed 1`, r2: starts of 15, 28 and 55 units within 0.01%,
+    none moved by the polish; led, the 28-unit one ends at 7.8116 s, the 55-unit one at 7.7320,
+    the 10x search 7.7147 at 55 units). Deterministic: the rule reads the starts only."""
     order = _order(problems, starts)
     best = starts[key(problems[order[0]])]
     if best is None:
         return order, 0
     near = [i for i in order if starts[key(problems[i])] is not None
             and starts[key(problems[i])].seconds <= best.seconds * (1 + effort.contend)][:effort.contenders]
-    if len(near) < 2 or any(problems[i].n > FULL_WINDOW_UNITS for i in near):
+    if len(near) < 2 or any(problems[i].n > CONTEND_UNITS for i in near):
         return order, 0
     half = effort._replace(local_work=effort.local_work // 2)
     for i in near:
         p = problems[i]
         starts[key(p)] = local_polish(p, starts[key(p)], budget=budget, effort=half)
-    return _order(problems, starts), half.local_work
+    order = _order(problems, starts)
+    top = starts[key(problems[order[0]])].seconds * (1 + effort.tie)
+    lead = max((i for i in order if i in near and starts[key(problems[i])].seconds <= top),
+               key=lambda i: (problems[i].n, -order.index(i)))
+    return [lead] + [i for i in order if i != lead], half.local_work
 
 
 def search(problems: list[Problem], *, budget: int, base: list[Scored], seeds: tuple[Scored, ...] = (),
