@@ -69,7 +69,7 @@ def search_space(problems: list[Problem], effort: Effort, pins: dict) -> dict:
             "pinned_layers": len(pins),
             "work_limit": {"mip_nodes": effort.node_limit(), "milp_up_to_units": int(effort.milp_units * effort.scale),
                            "milp_best_grouping_up_to_units": int(effort.lead_units * effort.scale),
-                           "milp_best_grouping_narrowed_up_to_units": effort.lead_launches // 4,
+                           "milp_best_grouping_narrowed_up_to_units": int(effort.narrow_units * effort.scale),
                            "milp_root_bound_up_to_units": int(effort.bound_units * effort.scale),
                            "local_search_unit_evaluations": int(effort.local_work * effort.scale),
                            "lead_contenders": {"within": effort.contend, "at_most": effort.contenders,

@@ -91,10 +91,18 @@ class Effort(NamedTuple):
     whole window; its dual bound covers only the narrowed space, so it bounds nothing. It
     works as a large move of the local search: strategies of many units change at once."""
 
+    narrow_units: int = 80
+    """Lead groupings of up to this many units (at scale 1) get the narrowed MILP, over windows
+    of at least 2 steps (it was the 64 units at which `lead_launches // (2n)` is still 2). On
+    65-80 units its root takes 2-5 CPU s, and it is the only large move there: the polish of
+    `bench_plan_speed.py --random 8 --seed 3`'s r0 (74 units) stops at 1.3647 s with 1x-10x its
+    local work; the 2-step MILP reaches 1.3477 s and the polish after it 1.3190, the 10x search's
+    (r1, 74 units: 12.2868 -> 12.2782, the 10x's)."""
+
     def narrow(self, p: Problem) -> int:
         """The narrowed launch window of the lead grouping's MILP (0: full window, or none)."""
-        steps = self.lead_launches // (2 * p.n)
-        return steps if p.n > self.lead_units * self.scale and steps >= 2 else 0
+        steps = max(2, self.lead_launches // (2 * p.n))
+        return steps if self.lead_units * self.scale < p.n <= self.narrow_units * self.scale else 0
 
     strong_units: int = 20
     """Groupings of more units (at scale 1) get their MILP without strong branching (HiGHS's

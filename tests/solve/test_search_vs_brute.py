@@ -107,7 +107,7 @@ def test_bound_counts_the_recomputation_a_budget_forces():
 
 NARROW = Effort(milp_units=0, lead_units=1, lead_launches=16)
 """Only the lead grouping gets a MILP, over launch windows of 16 // (2n) steps (2 on 4 units,
-4 on 2): `Effort.lead_launches`, the rule the 21-64-unit lead groupings meet at scale 1."""
+4 on 2): `Effort.lead_launches`, the rule the 21-80-unit lead groupings meet at scale 1."""
 
 
 def test_a_narrowed_milp_bounds_nothing_its_root_bound_does():
