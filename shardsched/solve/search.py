@@ -16,9 +16,11 @@ AllGather launch point within `milp.windows` of its use. Per grouping, in a fixe
   3. the MILP, warm-started from the best start, within a node limit (`Effort`): it never
      returns worse than its start, and HiGHS's dual bound raises the grouping's bound; the
      lead grouping's MILP answer is polished again (`solve.local`), and so is the best plan
-     at the end when another grouping gave it. A lead grouping above `Effort.lead_units` (20)
-     gets its MILP over narrowed launch windows (`Effort.narrow`): a schedule, no bound; up
-     to `Effort.bound_units` (40) a root-only MILP over the whole window then bounds it.
+     at the end when another grouping gave it. A lead grouping above `Effort.lead_units` (20),
+     up to `Effort.narrow_units` (80), gets its MILP over narrowed launch windows
+     (`Effort.narrow`): a schedule, no bound; up to `Effort.bound_units` (40) a root-only MILP
+     over the whole window bounds it, run last and only where it can raise the plan's bound
+     ([Note: the root bound last]).
 The plan's bound is the least bound over every grouping; "optimal" means the plan meets it.
 
 [Note: determinism] Nothing here reads the clock to decide: the groupings, their order,
