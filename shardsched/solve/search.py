@@ -281,12 +281,16 @@ def _milp(p: Problem, start: Scored | None, *, budget: int, effort: Effort, left
     bound only, so neither restarts (`milp.solve(restart=False)`). Measured (`bench_plan_speed.py
     --random 8 --seed 0`, r4, 42 units: narrowed MILP 6.2 -> 2.9 CPU s, and its polished answer
     0.9254 -> 0.9212 s; root bounds of the 24-layer GPT, seed 0's r1 and seed 1's r3: 2.2 -> 1.3,
-    2.8 -> 2.1, 4.3 -> 3.3 CPU s, the same bounds to 1e-14). Full-window MILPs (every grouping at
-    10x effort, `Effort(scale=10)`) keep HiGHS's default."""
+    2.8 -> 2.1, 4.3 -> 3.3 CPU s, the same bounds to 1e-14). Nor is the narrowed MILP presolved:
+    on the eight narrowed leads of the bench measured (21-79 units) its polished answer was the
+    same or faster (seed 1's r7: 9.8886 -> 9.8603 s, its 10x search's) and its time lower on all
+    but one (seed 1's r3 5.3 -> 2.9 CPU s, seed 2's r5 4.5 -> 2.8; the 24-layer GPT 3.7 -> 4.7);
+    the root bound keeps presolve (off, its bound was looser). Full-window MILPs (every grouping
+    at 10x effort, `Effort(scale=10)`) keep HiGHS's defaults."""
     ahead = narrow or ahead_for(p.n)
     r = milp.solve(p, budget=budget, ahead=ahead, start=within(p, start.choice, ahead) if start else None,
                    start_seconds=start.seconds if start else None, nodes=effort.node_limit(), time_limit=left,
-                   reliable=effort.reliable(p), restart=not narrow)
+                   reliable=effort.reliable(p), restart=not narrow, presolve=not narrow)
     if narrow:
         r = r._replace(bound=0.0)
     if r.choice is None:
