@@ -9,7 +9,8 @@ AllGather launch point within `milp.windows` of its use. Per grouping, in a fixe
      fitting uniform baseline of that grouping, and any `seeds` (schedules found at a
      smaller budget: they fit this one too); the best, with checkpointing switched off
      wherever it still fits (`_polished`); for the lead grouping (the best start, or the
-     fastest contender after half a polish: [Note: contenders for the lead]), then the local
+     fastest contender after half a polish, of most units among those tied within
+     `Effort.tie`: [Note: contenders for the lead]), then the local
      search (`solve.local`, within `Effort.local_work`);
   2. a lower bound no schedule of it beats (`milp.lower_bound`, O(n log n)); a grouping whose
      bound is not below the incumbent is closed without a MILP;
