@@ -50,11 +50,11 @@ from shardsched.sim.scenario import default_launch
 from shardsched.plan.units import ROOT, root_strategy
 
 FULL_WINDOW_UNITS = 40
+"""Up to this many units every launch point is allowed (exact); above, the
+window is capped so the MILP keeps ~2,000 launch binaries (`milp.windows`)."""
 CONTEND_UNITS = 2 * FULL_WINDOW_UNITS
 """No contenders for the lead when one of them has more units ([Note: contenders for the lead]):
 GPT-3's 97-unit groupings have their 10 s in starts and polishes already."""
-"""Up to this many units every launch point is allowed (exact); above, the
-window is capped so the MILP keeps ~2,000 launch binaries (`milp.windows`)."""
 OPTIMAL_TOL = 1e-6
 """Relative distance from the bound at which a plan is called optimal (HiGHS closes
 its gap to 1e-9; the simulator re-prices the schedule in floating point)."""
