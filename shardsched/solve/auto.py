@@ -22,7 +22,7 @@ from shardsched.errors import UsageError
 from shardsched.solve.baselines import Scored, uniform_baselines
 from shardsched.solve.candidates import Problem, candidate_problems, finest_problem
 from shardsched.solve.greedy import least_memory
-from shardsched.solve.search import FULL_WINDOW_UNITS, Effort, Search, ahead_for, search, with_baseline_groupings
+from shardsched.solve.search import CONTEND_UNITS, FULL_WINDOW_UNITS, Effort, Search, ahead_for, search, with_baseline_groupings
 from shardsched.plan.spec import StrategySpec
 from shardsched.core.types import Checkpoint, Optimizer, Plan, Precision, SolverInfo, Strategy
 from shardsched.profile.types import Profile
@@ -69,11 +69,11 @@ def search_space(problems: list[Problem], effort: Effort, pins: dict) -> dict:
             "pinned_layers": len(pins),
             "work_limit": {"mip_nodes": effort.node_limit(), "milp_up_to_units": int(effort.milp_units * effort.scale),
                            "milp_best_grouping_up_to_units": int(effort.lead_units * effort.scale),
-                           "milp_best_grouping_narrowed_up_to_units": effort.lead_launches // 4,
+                           "milp_best_grouping_narrowed_up_to_units": int(effort.narrow_units * effort.scale),
                            "milp_root_bound_up_to_units": int(effort.bound_units * effort.scale),
                            "local_search_unit_evaluations": int(effort.local_work * effort.scale),
                            "lead_contenders": {"within": effort.contend, "at_most": effort.contenders,
-                                               "up_to_units": FULL_WINDOW_UNITS},
+                                               "up_to_units": CONTEND_UNITS, "tied_within": effort.tie},
                            "threads": 1, "random_seed": 0}}
 
 

@@ -831,20 +831,27 @@ def _new_highs() -> highspy.Highs:
 
 def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | None = None,
           start_seconds: float | None = None, nodes: int = NODES, time_limit: float = math.inf,
-          gap: float = 1e-9, reliable: int = 8, heuristics: bool = True) -> MilpResult:
+          gap: float = 1e-9, reliable: int = 8, heuristics: bool = True, restart: bool = True,
+          presolve: bool = True) -> MilpResult:
     """Optimal schedule of one grouping under `budget` bytes (HiGHS, warm-started), within
     `nodes` branch-and-bound nodes. `time_limit` is a safety cut-off only: a run it stops
     reports status "time limit reached", and its answer may depend on the machine.
     `reliable`: HiGHS's `mip_pscost_minreliable` (8, its default: strong branching until a
     column's pseudo-costs rest on 8 branchings; 0: none, `search.Effort.reliable`).
     `heuristics=False`: no primal heuristics (RINS, RENS, feasibility jump, reduced-cost
-    fixing), for a run that is only after the root node's dual bound (`search._root_bound`)."""
+    fixing), for a run that is only after the root node's dual bound (`search._root_bound`).
+    `restart=False`: HiGHS's `mip_allow_restart` off (no second presolve and root node after
+    root reduced-cost fixing: [Note: no restart] in `solve.search`); `presolve=False`: HiGHS's
+    presolve off (the same note)."""
     t0 = time.perf_counter()
     b = _Build(p, budget=budget, ahead=p.n if ahead is None else ahead,
                t_ub=start_seconds if start is not None else None)
     h = _new_highs()
     h.setOptionValue("mip_max_nodes", int(nodes))
     h.setOptionValue("mip_pscost_minreliable", int(reliable))
+    h.setOptionValue("mip_allow_restart", bool(restart))
+    if not presolve:
+        h.setOptionValue("presolve", "off")
     if not heuristics:
         h.setOptionValue("mip_heuristic_effort", 0.0)
         for name in ("rins", "rens", "feasibility_jump", "root_reduced_cost"):

@@ -9,16 +9,19 @@ AllGather launch point within `milp.windows` of its use. Per grouping, in a fixe
      fitting uniform baseline of that grouping, and any `seeds` (schedules found at a
      smaller budget: they fit this one too); the best, with checkpointing switched off
      wherever it still fits (`_polished`); for the lead grouping (the best start, or the
-     fastest contender after half a polish: [Note: contenders for the lead]), then the local
+     fastest contender after half a polish, of most units among those tied within
+     `Effort.tie`: [Note: contenders for the lead]), then the local
      search (`solve.local`, within `Effort.local_work`);
   2. a lower bound no schedule of it beats (`milp.lower_bound`, O(n log n)); a grouping whose
      bound is not below the incumbent is closed without a MILP;
   3. the MILP, warm-started from the best start, within a node limit (`Effort`): it never
      returns worse than its start, and HiGHS's dual bound raises the grouping's bound; the
      lead grouping's MILP answer is polished again (`solve.local`), and so is the best plan
-     at the end when another grouping gave it. A lead grouping above `Effort.lead_units` (20)
-     gets its MILP over narrowed launch windows (`Effort.narrow`): a schedule, no bound; up
-     to `Effort.bound_units` (40) a root-only MILP over the whole window then bounds it.
+     at the end when another grouping gave it. A lead grouping above `Effort.lead_units` (20),
+     up to `Effort.narrow_units` (80), gets its MILP over narrowed launch windows
+     (`Effort.narrow`): a schedule, no bound; up to `Effort.bound_units` (40) a root-only MILP
+     over the whole window bounds it, run last and only where it can raise the plan's bound
+     ([Note: the root bound last]).
 The plan's bound is the least bound over every grouping; "optimal" means the plan meets it.
 
 [Note: determinism] Nothing here reads the clock to decide: the groupings, their order,
@@ -49,6 +52,9 @@ from shardsched.plan.units import ROOT, root_strategy
 FULL_WINDOW_UNITS = 40
 """Up to this many units every launch point is allowed (exact); above, the
 window is capped so the MILP keeps ~2,000 launch binaries (`milp.windows`)."""
+CONTEND_UNITS = 2 * FULL_WINDOW_UNITS
+"""No contenders for the lead when one of them has more units ([Note: contenders for the lead]):
+GPT-3's 97-unit groupings have their 10 s in starts and polishes already."""
 OPTIMAL_TOL = 1e-6
 """Relative distance from the bound at which a plan is called optimal (HiGHS closes
 its gap to 1e-9; the simulator re-prices the schedule in floating point)."""
@@ -88,10 +94,18 @@ class Effort(NamedTuple):
     whole window; its dual bound covers only the narrowed space, so it bounds nothing. It
     works as a large move of the local search: strategies of many units change at once."""
 
+    narrow_units: int = 80
+    """Lead groupings of up to this many units (at scale 1) get the narrowed MILP, over windows
+    of at least 2 steps (it was the 64 units at which `lead_launches // (2n)` is still 2). On
+    65-80 units its root takes 2-5 CPU s, and it is the only large move there: the polish of
+    `bench_plan_speed.py --random 8 --seed 3`'s r0 (74 units) stops at 1.3647 s with 1x-10x its
+    local work; the 2-step MILP reaches 1.3477 s and the polish after it 1.3190, the 10x search's
+    (r1, 74 units: 12.2868 -> 12.2782, the 10x's)."""
+
     def narrow(self, p: Problem) -> int:
         """The narrowed launch window of the lead grouping's MILP (0: full window, or none)."""
-        steps = self.lead_launches // (2 * p.n)
-        return steps if p.n > self.lead_units * self.scale and steps >= 2 else 0
+        steps = max(2, self.lead_launches // (2 * p.n))
+        return steps if self.lead_units * self.scale < p.n <= self.narrow_units * self.scale else 0
 
     strong_units: int = 20
     """Groupings of more units (at scale 1) get their MILP without strong branching (HiGHS's
@@ -131,10 +145,14 @@ class Effort(NamedTuple):
     where a search from them ends (`bench_plan_speed.py --random 8 --seed 0`, r2: the best
     start, a partitioned 22-unit grouping, ends at 0.5770 s with a bound of 0.5749; the 23-unit
     grouping 0.8% behind it ends at 0.5651 s, the 10x search's)."""
+    tie: float = 0.001
+    """Contenders whose polished starts are within this fraction of the best are tied, and the
+    one of most units leads ([Note: contenders for the lead]): finer units leave the MILP and
+    the moves more to change."""
     contenders: int = 3
     """At most this many contenders, best start first; none when one of them has more than
-    `FULL_WINDOW_UNITS` units (there a polish costs seconds of the 10 s target, and the
-    41-64-unit leads' narrowed MILPs take the rest)."""
+    `CONTEND_UNITS` units (it was `FULL_WINDOW_UNITS`: a half polish is about 1 CPU s whatever
+    the units, and seed 1's r2 needed a 55-unit contender, [Note: contenders for the lead])."""
 
     def lead_effort(self, p: Problem) -> Effort:
         halve = p.n > self.halve_units * self.scale and self.narrow(p) > 0
@@ -152,6 +170,8 @@ class Outcome(NamedTuple):
     best: Scored | None
     bound: float
     milp: milp.MilpResult | None = None
+    root: bool = False
+    """Whether `_root_bound` may still raise `bound` ([Note: the root bound last])."""
 
 
 class Search(NamedTuple):
@@ -254,11 +274,24 @@ def _polished(p: Problem, s: Scored, *, budget: int) -> Scored:
 def _milp(p: Problem, start: Scored | None, *, budget: int, effort: Effort, left: float,
           notes: list, narrow: int = 0) -> tuple[Scored | None, milp.MilpResult]:
     """The MILP warm-started from `start`; over launch windows of `narrow` steps when > 0 (its
-    bound then covers that smaller space only and is dropped: `Effort.lead_launches`)."""
+    bound then covers that smaller space only and is dropped: `Effort.lead_launches`).
+
+    [Note: no restart] HiGHS restarts a MILP whose root reduced-cost fixing fixed many columns:
+    a second presolve and a second root node. The narrowed lead MILP is a large move of the local
+    search (its answer is polished, its bound dropped) and `_root_bound` wants the first root's
+    bound only, so neither restarts (`milp.solve(restart=False)`). Measured (`bench_plan_speed.py
+    --random 8 --seed 0`, r4, 42 units: narrowed MILP 6.2 -> 2.9 CPU s, and its polished answer
+    0.9254 -> 0.9212 s; root bounds of the 24-layer GPT, seed 0's r1 and seed 1's r3: 2.2 -> 1.3,
+    2.8 -> 2.1, 4.3 -> 3.3 CPU s, the same bounds to 1e-14). Nor is the narrowed MILP presolved:
+    on the eight narrowed leads of the bench measured (21-79 units) its polished answer was the
+    same or faster (seed 1's r7: 9.8886 -> 9.8603 s, its 10x search's) and its time lower on all
+    but one (seed 1's r3 5.3 -> 2.9 CPU s, seed 2's r5 4.5 -> 2.8; the 24-layer GPT 3.7 -> 4.7);
+    the root bound keeps presolve (off, its bound was looser). Full-window MILPs (every grouping
+    at 10x effort, `Effort(scale=10)`) keep HiGHS's defaults."""
     ahead = narrow or ahead_for(p.n)
     r = milp.solve(p, budget=budget, ahead=ahead, start=within(p, start.choice, ahead) if start else None,
                    start_seconds=start.seconds if start else None, nodes=effort.node_limit(), time_limit=left,
-                   reliable=effort.reliable(p))
+                   reliable=effort.reliable(p), restart=not narrow, presolve=not narrow)
     if narrow:
         r = r._replace(bound=0.0)
     if r.choice is None:
@@ -276,7 +309,7 @@ def _root_bound(p: Problem, best: Scored | None, *, budget: int, left: float) ->
     ahead = ahead_for(p.n)
     r = milp.solve(p, budget=budget, ahead=ahead, start=within(p, best.choice, ahead) if best else None,
                    start_seconds=best.seconds if best else None, nodes=1, time_limit=left, reliable=0,
-                   heuristics=False)
+                   heuristics=False, restart=False)  # [Note: no restart]
     return r.bound
 
 
@@ -317,11 +350,26 @@ def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Eff
     best = min((s for s in (start, found) if s is not None), key=lambda s: (s.seconds, s.name != "highs"),
                default=None)
     bound = max(lb, r.bound)
-    if lead and effort.narrow(p) and p.n <= effort.bound_units * effort.scale:
-        left = deadline - time.perf_counter()
-        if left > 0:
-            bound = max(bound, _root_bound(p, best, budget=budget, left=left))
-    return Outcome(best, min(bound, best.seconds) if best else bound, r)
+    root = lead and effort.narrow(p) > 0 and p.n <= effort.bound_units * effort.scale
+    return Outcome(best, min(bound, best.seconds) if best else bound, r, root)
+
+
+def _root_bound_last(outcomes: dict, p: Problem, *, budget: int, deadline: float) -> None:
+    """The lead grouping's root bound (`Effort.bound_units`), where it can raise the plan's.
+
+    [Note: the root bound last] The plan's bound is the least over every grouping, and the
+    lead's root-only MILP (1-5 CPU s at 23-29 units) raises the lead's alone: where another
+    grouping's bound is already at or below the lead's, it cannot change the plan's bound,
+    status or gap, so it runs after every other grouping is bounded and only where it can
+    (`bench_plan_speed.py --random 8 --seed 1`, r3: 4.3 of its 11 CPU s for a lead bound of
+    3.4013 s under another grouping's 3.3735). Deterministic: the rule reads bounds only."""
+    o = outcomes[key(p)]
+    others = min((v.bound for k, v in outcomes.items() if k != key(p)), default=math.inf)
+    left = deadline - time.perf_counter()
+    if not o.root or others <= o.bound or left <= 0:
+        return
+    bound = max(o.bound, _root_bound(p, o.best, budget=budget, left=left))
+    outcomes[key(p)] = o._replace(bound=min(bound, o.best.seconds) if o.best else bound, root=False)
 
 
 def _partitioned(p: Problem) -> bool:
@@ -341,23 +389,32 @@ def _contend(problems: list[Problem], starts: dict, *, budget: int, effort: Effo
     [Note: contenders for the lead] Only the lead grouping gets the local search and the MILP
     before the end, so which grouping leads decides the plan, and starts 1% apart do not say
     which search ends faster. Groupings whose start is within `Effort.contend` of the best
-    (up to `Effort.contenders`, when none has more than `FULL_WINDOW_UNITS` units) are each polished with
+    (up to `Effort.contenders`, when none has more than `CONTEND_UNITS` units) are each polished with
     half the local work first, in the order of their starts; the fastest then leads, and its
     first polish in `solve_grouping` gets the other half, so the lead's work is unchanged and
-    each other contender costs half a polish. Deterministic: the rule reads the starts only."""
+    each other contender costs half a polish. Where the polished starts are within `Effort.tie`
+    of the fastest, the one of most units leads instead: the polish often cannot move such
+    starts at all, and the lead's MILP, a large move, has more to change on finer units
+    (`bench_plan_speed.py --random 8 --seed 1`, r2: starts of 15, 28 and 55 units within 0.01%,
+    none moved by the polish; led, the 28-unit one ends at 7.8116 s, the 55-unit one at 7.7320,
+    the 10x search 7.7147 at 55 units). Deterministic: the rule reads the starts only."""
     order = _order(problems, starts)
     best = starts[key(problems[order[0]])]
     if best is None:
         return order, 0
     near = [i for i in order if starts[key(problems[i])] is not None
             and starts[key(problems[i])].seconds <= best.seconds * (1 + effort.contend)][:effort.contenders]
-    if len(near) < 2 or any(problems[i].n > FULL_WINDOW_UNITS for i in near):
+    if len(near) < 2 or any(problems[i].n > CONTEND_UNITS for i in near):
         return order, 0
     half = effort._replace(local_work=effort.local_work // 2)
     for i in near:
         p = problems[i]
         starts[key(p)] = local_polish(p, starts[key(p)], budget=budget, effort=half)
-    return _order(problems, starts), half.local_work
+    order = _order(problems, starts)
+    top = starts[key(problems[order[0]])].seconds * (1 + effort.tie)
+    lead = max((i for i in order if i in near and starts[key(problems[i])].seconds <= top),
+               key=lambda i: (problems[i].n, -order.index(i)))
+    return [lead] + [i for i in order if i != lead], half.local_work
 
 
 def search(problems: list[Problem], *, budget: int, base: list[Scored], seeds: tuple[Scored, ...] = (),
@@ -396,6 +453,7 @@ def search(problems: list[Problem], *, budget: int, base: list[Scored], seeds: t
             o = outcomes[key(best.problem)]
             outcomes[key(best.problem)] = o._replace(best=better, bound=min(o.bound, better.seconds))
         best = better
+    _root_bound_last(outcomes, problems[order[0]], budget=budget, deadline=deadline)
     bound = min(min(o.bound for o in outcomes.values()), best.seconds)
     cut = time.perf_counter() > deadline or any(o.milp and "time" in o.milp.status for o in outcomes.values())
     if cut:
