@@ -18,7 +18,7 @@ def test_guide_library_example_runs():
     # step time and peak) the search may break either way
     assert sorted(units.values()) == ["full_shard"] * 5 + ["shard_grad_op"] * 3, units
     peak = float(re.search(r"predicted peak ([\d.]+) MiB", r.stdout).group(1))
-    assert 2.3 < peak <= 2.5  # under the budget, and the budget binds (else all shard_grad_op)
+    assert 2.2 < peak <= 2.5  # under the budget, and the budget binds (else all shard_grad_op)
 
 
 def test_import_is_light_and_names_the_surface():

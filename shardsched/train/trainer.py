@@ -12,6 +12,7 @@ mean gradient whatever the number of workers. Everything is a function of
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -208,10 +209,18 @@ def _measure_cpu_peak(run: _Run) -> int | None:
     The tracker runs on a throwaway copy (same init, same plan, same batches):
     its hook restoration is wrong for units of several layers (it leaves
     grouped FSDP states patched), so the model that trains never sees it.
+
+    [Note: collect before measuring]
+    Garbage left in reference cycles by earlier work in the process (a test's earlier runs)
+    is freed whenever Python's cyclic collector happens to run, which depends on how many
+    objects unrelated code allocated; a tiny GPT's tracked peak moved by 14 KB (2%) between
+    two builds whose runtime code was identical. One collection first makes it depend on the
+    step alone.
     """
     from shardsched.runtime.memtrack import tracked_peak_bytes
     from shardsched.runtime.parallelize import parallelize
     cfg, world = run.cfg, run.mesh.size()
+    gc.collect()  # [Note: collect before measuring]
     model = parallelize(build(cfg, world=world).model, run.plan, mesh=run.mesh)
     opt = build_optimizer(model, cfg)
     batches = [split_micro_batches(run.task.train_batch(s, run.rank, world), run.accum.steps)
