@@ -120,8 +120,7 @@ def _as_selective(layer: LayerProfile) -> LayerProfile:
     outputs are inputs it keeps, on top of the forward transient too."""
     extra = kept_when_selective(layer) - kept_when_checkpointed(layer)
     nosave = layer.checkpointed_forward_bytes or (layer.workspace_bytes or layer.activation_bytes // 2) // 2
-    saved = None if layer.input_saved_bytes is None else layer.input_saved_bytes + extra  # in its activations too
-    return dataclasses.replace(layer, input_bytes=layer.input_bytes + extra, input_saved_bytes=saved,
+    return dataclasses.replace(layer, input_bytes=layer.input_bytes + extra,
                                checkpointed_forward_bytes=layer.selective_forward_bytes or nosave + extra)
 
 
