@@ -3,7 +3,7 @@
 Per case: seconds (wall, and the process's CPU seconds: the machine is shared, and the
 search is one thread, HiGHS included, so CPU seconds are what an idle machine would take), status, the gap to the bound over the whole search space, and the
 ratio of the plan's step time to the plan of a 10x longer search (10x the work limit:
-`solve.search.Effort(scale=10)`, 10x the nodes and MILPs on 10x larger groupings).
+`solve.search.TENFOLD`, 10x the nodes and MILPs on 10x larger groupings).
 
     python bench/bench_plan_speed.py                 # every case, with the 10x runs (minutes)
     python bench/bench_plan_speed.py --no-10x        # the planning times only
@@ -31,7 +31,7 @@ from shardsched.plan.spec import parse_strategy_spec
 from shardsched.profile.analytic import analytic_profile
 from shardsched.solve.auto import auto_plan, least_memory_peak
 from shardsched.solve.baselines import uniform_baselines
-from shardsched.solve.search import Effort
+from shardsched.solve.search import TENFOLD, Effort
 
 GiB = 1 << 30
 KW = dict(precision=Precision.BF16_MIXED, optimizer=Optimizer.ADAM)
@@ -123,7 +123,7 @@ def run(cases: list[Case], *, tenx: bool) -> list[float]:
         if not tenx:
             print(f"{row} {'':>7} {'':>8} {'':>7}  {s.status}{slow}", flush=True)
             continue
-        long, dt10, _ = plan(case, Effort(scale=10))  # its units: long.units
+        long, dt10, _ = plan(case, TENFOLD)  # its units: long.units
         ratio = p.predicted.step_seconds / long.predicted.step_seconds
         ratios.append(ratio)
         print(f"{row} {dt10:7.1f} {long.solver.gap:8.3%} {ratio:7.4f}  {s.status}{slow}", flush=True)

@@ -831,15 +831,13 @@ def _new_highs() -> highspy.Highs:
 
 def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | None = None,
           start_seconds: float | None = None, nodes: int = NODES, time_limit: float = math.inf,
-          gap: float = 1e-9, reliable: int = 8, heuristics: bool = True, restart: bool = True,
+          gap: float = 1e-9, reliable: int = 8, restart: bool = True,
           presolve: bool = True) -> MilpResult:
     """Optimal schedule of one grouping under `budget` bytes (HiGHS, warm-started), within
     `nodes` branch-and-bound nodes. `time_limit` is a safety cut-off only: a run it stops
     reports status "time limit reached", and its answer may depend on the machine.
     `reliable`: HiGHS's `mip_pscost_minreliable` (8, its default: strong branching until a
     column's pseudo-costs rest on 8 branchings; 0: none, `search.Effort.reliable`).
-    `heuristics=False`: no primal heuristics (RINS, RENS, feasibility jump, reduced-cost
-    fixing), for a run that is only after the root node's dual bound (`search._root_bound`).
     `restart=False`: HiGHS's `mip_allow_restart` off (no second presolve and root node after
     root reduced-cost fixing: [Note: no restart] in `solve.search`); `presolve=False`: HiGHS's
     presolve off (the same note)."""
@@ -852,10 +850,6 @@ def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | 
     h.setOptionValue("mip_allow_restart", bool(restart))
     if not presolve:
         h.setOptionValue("presolve", "off")
-    if not heuristics:
-        h.setOptionValue("mip_heuristic_effort", 0.0)
-        for name in ("rins", "rens", "feasibility_jump", "root_reduced_cost"):
-            h.setOptionValue(f"mip_heuristic_run_{name}", False)
     if math.isfinite(time_limit):
         h.setOptionValue("time_limit", max(0.05, time_limit - (time.perf_counter() - t0)))
     h.setOptionValue("mip_rel_gap", gap)
@@ -876,6 +870,32 @@ def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | 
     x = np.array(h.getSolution().col_value)
     return MilpResult(b.choice(x), info.objective_function_value * b.tscale, status,
                       _gap(status, float(info.mip_gap)), time.perf_counter() - t0, bound)
+
+
+def relaxation_bound(p: Problem, *, budget: int, ahead: int | None = None, t_ub: float | None = None) -> float:
+    """The MILP's LP relaxation (every binary in [0, 1]): a lower bound on the step of every
+    fitting schedule of this grouping within the launch windows of `ahead` (+inf: none fits).
+
+    [Note: the relaxation is the bound] At 100 nodes HiGHS's dual bound is the root LP's: on the
+    lead groupings measured (18-34 units, `bench_plan_speed.py --random 8`, seeds 5-9) the bound
+    after the root's cut rounds, sub-MIPs and 100 nodes was the plain relaxation's to 1e-6, which
+    one LP solve gives in 0.05-0.4 CPU s against 3-8 s for the MILP. `t_ub` (the best step known)
+    caps the unslowed step as in `solve`, which tightens the rows' big-M terms; a schedule whose
+    unslowed step exceeds it is slower than `t_ub`, so the bound is the lesser of the two."""
+    b = _Build(p, budget=budget, ahead=p.n if ahead is None else ahead, t_ub=t_ub)
+    lp = b.m.lp()
+    lp.integrality_ = []
+    h = _new_highs()
+    h.setOptionValue("primal_feasibility_tolerance", 1e-9)
+    h.passModel(lp)
+    h.run()
+    status = h.modelStatusToString(h.getModelStatus()).lower()
+    cap = math.inf if t_ub is None else t_ub
+    if status == "infeasible":
+        return cap
+    if status != "optimal":
+        return 0.0  # nothing proven
+    return min(h.getInfo().objective_function_value * b.tscale, cap)
 
 
 def lower_bound(p: Problem, budget: float = math.inf) -> float:

@@ -19,9 +19,12 @@ AllGather launch point within `milp.windows` of its use. Per grouping, in a fixe
      lead grouping's MILP answer is polished again (`solve.local`), and so is the best plan
      at the end when another grouping gave it. A lead grouping above `Effort.lead_units` (20),
      up to `Effort.narrow_units` (80), gets its MILP over narrowed launch windows
-     (`Effort.narrow`): a schedule, no bound; up to `Effort.bound_units` (40) a root-only MILP
-     over the whole window bounds it, run last and only where it can raise the plan's bound
-     ([Note: the root bound last]).
+     (`Effort.narrow`): a schedule, no bound. Other groupings get a MILP up to
+     `Effort.milp_units` (8); MILPs above `Effort.light_units` (8) run light (no strong
+     branching, restart or presolve);
+  4. last, the LP relaxation over the whole window bounds the groupings of up to
+     `Effort.bound_units` (40) that no full-window MILP bounded, least bound first and only
+     while that can raise the plan's bound ([Note: bounds last]).
 The plan's bound is the least bound over every grouping; "optimal" means the plan meets it.
 
 [Note: determinism] Nothing here reads the clock to decide: the groupings, their order,
@@ -67,10 +70,13 @@ class Effort(NamedTuple):
     scale: float = 1.0
     nodes: int = 100
     """Branch-and-bound nodes per grouping at scale 1."""
-    milp_units: int = 20
-    """Groupings of more units get no MILP at scale 1: HiGHS's root node alone (whatever the
-    node limit) takes 5-20 s on Llama-7B's 34 units and 30-50 s on GPT-3's 97 (2-core machine
-    shared with other work); there the MILP improved the greedy starts by 0.4-0.7%."""
+    milp_units: int = 8
+    """Groupings other than the lead of more units get no MILP (their bound: the LP relaxation,
+    [Note: bounds last]). It was 20: a full-window MILP of 18-20 units takes 5-8 CPU s whatever
+    its node limit (HiGHS's root: cut rounds and sub-MIPs), and two or three such groupings took
+    11-22 CPU s of one plan (`bench_plan_speed.py --random 8`, seeds 7 and 8, r0) for a bound the
+    relaxation gives in 0.1 s and, once in four cases, a plan 0.8% faster. Up to 8 units the MILP
+    is a few tenths of a second and proves small instances optimal (tests/solve/test_search_vs_brute)."""
 
     def node_limit(self) -> int:
         return max(1, round(self.nodes * self.scale))
@@ -107,15 +113,21 @@ class Effort(NamedTuple):
         steps = max(2, self.lead_launches // (2 * p.n))
         return steps if self.lead_units * self.scale < p.n <= self.narrow_units * self.scale else 0
 
-    strong_units: int = 20
-    """Groupings of more units (at scale 1) get their MILP without strong branching (HiGHS's
-    `mip_pscost_minreliable` = 0): there only the lead grouping gets a MILP, its 100 nodes end
-    at the root's heuristics (RINS, RENS), and strong branching was half its root's time
-    (full window, 25-29 units: 8 -> 3.5-7 CPU s) for the same schedule and bound on the cases
-    measured, narrowed or not."""
+    light_units: int = 8
+    """Groupings of more units (at scale 1) get a light MILP: no strong branching (HiGHS's
+    `mip_pscost_minreliable` = 0), no restart and no presolve ([Note: no restart]). There only the
+    lead grouping gets a MILP, and its 100 nodes end at the root's heuristics (RINS, RENS) around
+    the polished start. It was 20 units, for strong branching only (half the root's time at
+    25-29 units, the same schedules and bounds); the full-window leads of 18-20 units then took
+    4.8-8.1 CPU s with HiGHS's defaults, 2.1-3.8 s light, ending at the same schedule on two of four
+    (`bench_plan_speed.py --random 8`, seeds 6-9, r0), a faster one on one (0.5448 -> 0.5403 s) and
+    0.3% slower on one (0.8856 -> 0.8882 s, before the polish after it)."""
+
+    def light(self, p: Problem) -> bool:
+        return p.n > self.light_units * self.scale
 
     def reliable(self, p: Problem) -> int:
-        return 8 if p.n <= self.strong_units * self.scale else 0
+        return 0 if self.light(p) else 8
 
     local_work: int = 400_000
     """Unit-evaluations of the local search (`solve.local`) per polish at scale 1: a polish of
@@ -128,11 +140,11 @@ class Effort(NamedTuple):
         return int(self.local_work * self.scale) // max(1, p.n)
 
     bound_units: int = 40
-    """A lead grouping whose MILP is narrowed (`narrow`) and has up to this many units (at
-    scale 1) gets a second MILP for its bound only: the full launch window, the root node, no
-    heuristics, no strong branching (`search._root_bound`; 1-3 CPU s at 25-29 units). Its cuts
-    give the dual bound the full-window MILP gave (the 24-layer GPT: gap 0.02% instead of 19%
-    from `milp.lower_bound`)."""
+    """Groupings of up to this many units (at scale 1) that got no full-window MILP (the other
+    groupings, a narrowed lead) are bounded by the LP relaxation over the whole window, last and
+    only while it can raise the plan's bound ([Note: bounds last]; `milp.relaxation_bound`,
+    0.05-0.4 CPU s). It was a root-only MILP for the narrowed lead (1-4 CPU s): its bound was the
+    relaxation's (the 24-layer GPT: gap 0.02% instead of 19% from `milp.lower_bound`)."""
 
     halve_units: int = 40
     """A lead grouping of more units that gets a narrowed MILP gets half the local work per
@@ -159,6 +171,13 @@ class Effort(NamedTuple):
         return self._replace(local_work=self.local_work // 2) if halve else self
 
 
+TENFOLD = Effort(scale=10, milp_units=20, light_units=20)
+"""The "10x longer search" of bench/bench_plan_speed.py: 10x the nodes, local work and unit
+sizes, and, as the quick search had them before s10, a MILP with HiGHS's defaults on every
+grouping of up to 200 units (the reference the quick search is measured against must not
+shrink with it)."""
+
+
 def ahead_for(n: int) -> int:
     return n if n <= FULL_WINDOW_UNITS else max(2, 1000 // n)
 
@@ -171,7 +190,8 @@ class Outcome(NamedTuple):
     bound: float
     milp: milp.MilpResult | None = None
     root: bool = False
-    """Whether `_root_bound` may still raise `bound` ([Note: the root bound last])."""
+    """Whether its LP relaxation (`_root_bound`) may still raise `bound`: no full-window MILP
+    bounded it ([Note: bounds last])."""
 
 
 class Search(NamedTuple):
@@ -279,19 +299,21 @@ def _milp(p: Problem, start: Scored | None, *, budget: int, effort: Effort, left
     [Note: no restart] HiGHS restarts a MILP whose root reduced-cost fixing fixed many columns:
     a second presolve and a second root node. The narrowed lead MILP is a large move of the local
     search (its answer is polished, its bound dropped) and `_root_bound` wants the first root's
-    bound only, so neither restarts (`milp.solve(restart=False)`). Measured (`bench_plan_speed.py
+    bound only, so neither restarted (`milp.solve(restart=False)`; the bound is now the LP
+    relaxation's, [Note: bounds last]). Measured (`bench_plan_speed.py
     --random 8 --seed 0`, r4, 42 units: narrowed MILP 6.2 -> 2.9 CPU s, and its polished answer
     0.9254 -> 0.9212 s; root bounds of the 24-layer GPT, seed 0's r1 and seed 1's r3: 2.2 -> 1.3,
     2.8 -> 2.1, 4.3 -> 3.3 CPU s, the same bounds to 1e-14). Nor is the narrowed MILP presolved:
     on the eight narrowed leads of the bench measured (21-79 units) its polished answer was the
     same or faster (seed 1's r7: 9.8886 -> 9.8603 s, its 10x search's) and its time lower on all
     but one (seed 1's r3 5.3 -> 2.9 CPU s, seed 2's r5 4.5 -> 2.8; the 24-layer GPT 3.7 -> 4.7);
-    the root bound keeps presolve (off, its bound was looser). Full-window MILPs (every grouping
-    at 10x effort, `Effort(scale=10)`) keep HiGHS's defaults."""
-    ahead = narrow or ahead_for(p.n)
+    since s10 every MILP above `Effort.light_units` runs so (full window or narrowed: the leads
+    of 9-20 units, 4.8-8.1 -> 2.1-3.8 CPU s). MILPs of up to `light_units` units, and every
+    grouping's of up to 200 units in the 10x search (`TENFOLD`), keep HiGHS's defaults."""
+    ahead, light = narrow or ahead_for(p.n), bool(narrow) or effort.light(p)
     r = milp.solve(p, budget=budget, ahead=ahead, start=within(p, start.choice, ahead) if start else None,
                    start_seconds=start.seconds if start else None, nodes=effort.node_limit(), time_limit=left,
-                   reliable=effort.reliable(p), restart=not narrow, presolve=not narrow)
+                   reliable=effort.reliable(p), restart=not light, presolve=not light)
     if narrow:
         r = r._replace(bound=0.0)
     if r.choice is None:
@@ -303,14 +325,11 @@ def _milp(p: Problem, start: Scored | None, *, budget: int, effort: Effort, left
     return s, r
 
 
-def _root_bound(p: Problem, best: Scored | None, *, budget: int, left: float) -> float:
-    """HiGHS's dual bound on the grouping over its whole declared space (every launch point),
-    after the root node's cuts; no schedule is sought (`Effort.bound_units`)."""
-    ahead = ahead_for(p.n)
-    r = milp.solve(p, budget=budget, ahead=ahead, start=within(p, best.choice, ahead) if best else None,
-                   start_seconds=best.seconds if best else None, nodes=1, time_limit=left, reliable=0,
-                   heuristics=False, restart=False)  # [Note: no restart]
-    return r.bound
+def _root_bound(p: Problem, *, budget: int, best: float) -> float:
+    """The grouping's bound over its whole declared space (every launch point): the LP
+    relaxation, with the unslowed step capped at `best`, the fastest schedule known
+    ([Note: the relaxation is the bound] in `solve.milp`; `Effort.bound_units`)."""
+    return milp.relaxation_bound(p, budget=budget, ahead=ahead_for(p.n), t_ub=best if math.isfinite(best) else None)
 
 
 def local_polish(p: Problem, s: Scored | None, *, budget: int, effort: Effort) -> Scored | None:
@@ -339,7 +358,7 @@ def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Eff
         first = effort._replace(local_work=max(0, effort.local_work - polished))
         start = local_polish(p, start, budget=budget, effort=first)
     if lb >= incumbent or not effort.runs_milp(p, lead=lead) or (start is None and p.n > FULL_WINDOW_UNITS):
-        return Outcome(start, lb)  # closed by the bound, or left to the bound (size rule)
+        return Outcome(start, lb, root=lb < incumbent)  # closed by the bound, or left to the bound (size rule)
     left = deadline - time.perf_counter()
     if left <= 0:
         return Outcome(start, lb)
@@ -350,26 +369,30 @@ def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Eff
     best = min((s for s in (start, found) if s is not None), key=lambda s: (s.seconds, s.name != "highs"),
                default=None)
     bound = max(lb, r.bound)
-    root = lead and effort.narrow(p) > 0 and p.n <= effort.bound_units * effort.scale
-    return Outcome(best, min(bound, best.seconds) if best else bound, r, root)
+    return Outcome(best, min(bound, best.seconds) if best else bound, r, root=lead and effort.narrow(p) > 0)
 
 
-def _root_bound_last(outcomes: dict, p: Problem, *, budget: int, deadline: float) -> None:
-    """The lead grouping's root bound (`Effort.bound_units`), where it can raise the plan's.
+def _bounds_last(outcomes: dict, problems: dict, *, budget: int, best: float, effort: Effort,
+                 deadline: float) -> None:
+    """Raise the plan's bound with LP relaxations (`_root_bound`), least bound first.
 
-    [Note: the root bound last] The plan's bound is the least over every grouping, and the
-    lead's root-only MILP (1-5 CPU s at 23-29 units) raises the lead's alone: where another
-    grouping's bound is already at or below the lead's, it cannot change the plan's bound,
-    status or gap, so it runs after every other grouping is bounded and only where it can
-    (`bench_plan_speed.py --random 8 --seed 1`, r3: 4.3 of its 11 CPU s for a lead bound of
-    3.4013 s under another grouping's 3.3735). Deterministic: the rule reads bounds only."""
-    o = outcomes[key(p)]
-    others = min((v.bound for k, v in outcomes.items() if k != key(p)), default=math.inf)
-    left = deadline - time.perf_counter()
-    if not o.root or others <= o.bound or left <= 0:
-        return
-    bound = max(o.bound, _root_bound(p, o.best, budget=budget, left=left))
-    outcomes[key(p)] = o._replace(bound=min(bound, o.best.seconds) if o.best else bound, root=False)
+    [Note: bounds last] The plan's bound is the least over every grouping. A grouping bounded
+    only by `milp.lower_bound` (no MILP: a grouping other than the lead above `Effort.milp_units`,
+    or one closed by the size rule) or by a narrowed MILP (its bound dropped) can be raised by
+    its LP relaxation over the whole window, while it has at most `Effort.bound_units` units. Only
+    the grouping holding the least bound can raise the plan's, so that one is relaxed, and again
+    while the least bound belongs to one not relaxed yet; the loop stops at the first that is
+    relaxed already, too large, or at `best` (the plan's step). It runs after every grouping is
+    visited, so no relaxation is solved that another bound makes moot (`bench_plan_speed.py
+    --random 8 --seed 1`, r3: a lead bound of 3.4013 s under another grouping's 3.3735).
+    Deterministic: the rule reads bounds and sizes only."""
+    while time.perf_counter() < deadline:
+        k = min(outcomes, key=lambda k: outcomes[k].bound)  # ties: the first visited
+        o, p = outcomes[k], problems[k]
+        if not o.root or o.bound >= best or p.n > effort.bound_units * effort.scale:
+            return
+        raised = max(o.bound, _root_bound(p, budget=budget, best=best))
+        outcomes[k] = o._replace(bound=min(raised, o.best.seconds) if o.best else raised, root=False)
 
 
 def _partitioned(p: Problem) -> bool:
@@ -453,7 +476,8 @@ def search(problems: list[Problem], *, budget: int, base: list[Scored], seeds: t
             o = outcomes[key(best.problem)]
             outcomes[key(best.problem)] = o._replace(best=better, bound=min(o.bound, better.seconds))
         best = better
-    _root_bound_last(outcomes, problems[order[0]], budget=budget, deadline=deadline)
+    _bounds_last(outcomes, {key(p): p for p in problems}, budget=budget, best=best.seconds, effort=effort,
+                 deadline=deadline)
     bound = min(min(o.bound for o in outcomes.values()), best.seconds)
     cut = time.perf_counter() > deadline or any(o.milp and "time" in o.milp.status for o in outcomes.values())
     if cut:

@@ -86,6 +86,29 @@ def test_grouping_bound_is_below_its_brute_force_optimum(seed):
             assert lb <= best * (1 + 1e-12)
 
 
+@pytest.mark.parametrize("seed", [0, 2])
+def test_relaxation_is_below_its_brute_force_optimum(seed):
+    """`milp.relaxation_bound` (the MILP's LP relaxation) never exceeds the best fitting
+    schedule, with the unslowed step capped at that schedule's step or not; it is +inf only
+    where nothing fits, and it is above `milp.lower_bound` somewhere (else it would buy nothing)."""
+    from shardsched.solve import milp
+    from shardsched.solve.brute import brute
+    from tests.solve.test_levers_vs_brute import MULTI, budgets as lever_budgets, problems
+
+    tighter = 0
+    for p in problems(seed, MULTI):
+        for budget in lever_budgets(p):
+            found = brute(p, budget=budget)
+            free = milp.relaxation_bound(p, budget=budget)
+            assert found.choice is None or free < float("inf")
+            if found.choice is None:
+                continue
+            capped = milp.relaxation_bound(p, budget=budget, t_ub=found.seconds)
+            assert free <= found.seconds * (1 + 1e-9) and capped <= found.seconds * (1 + 1e-9)
+            tighter += free > milp.lower_bound(p, budget) * (1 + 1e-9)
+    assert tighter >= 1
+
+
 def test_bound_counts_the_recomputation_a_budget_forces():
     """Llama-2-70B on 512 A100s at 40 GiB: ~13 GiB of activations per two-layer unit, so
     almost every unit must be checkpointed; the bound charges that recomputation (~3.75 s,
@@ -113,16 +136,17 @@ NARROW = Effort(milp_units=0, lead_units=1, lead_launches=16)
 4 on 2): `Effort.lead_launches`, the rule the 21-80-unit lead groupings meet at scale 1."""
 
 
-def test_a_narrowed_milp_bounds_nothing_its_root_bound_does():
+def test_a_narrowed_milp_bounds_nothing_the_relaxations_do():
     """The lead grouping's MILP over narrowed launch windows finds schedules (never slower than
-    without it); its own dual bound covers the narrowed space only and is dropped. The root-only
-    MILP over the whole window (`Effort.bound_units`) bounds the grouping: the plan stays honest
-    with it or without it, the schedule is the same, and the bound is never looser. It runs last
-    and only where it can raise the plan's bound ([Note: the root bound last]): the plan's bound
-    is the one it would have had with the root bound on the lead always."""
+    without it); its own dual bound covers the narrowed space only and is dropped. LP relaxations
+    over the whole window (`Effort.bound_units`) bound the groupings no full-window MILP bounded:
+    the plan stays honest with them or without them, the schedule is the same, and the bound is
+    never looser. They run last, least bound first, only while that can raise the plan's bound
+    ([Note: bounds last]): the plan's bound is the one relaxing every such grouping would give."""
     from shardsched.solve import milp, search
 
     tighter = 0
+    kw = dict(spec=parse_strategy_spec("auto"), precision=Precision.BF16_MIXED, optimizer=Optimizer.ADAM)
     for seed, cluster in CASES:
         for budget, best in optima(seed, cluster):
             p, q = plan(synth(4, seed), cluster, budget, NARROW), plan(synth(4, seed), cluster, budget, NO_MILP)
@@ -132,15 +156,14 @@ def test_a_narrowed_milp_bounds_nothing_its_root_bound_does():
             assert p.predicted.step_seconds <= q.predicted.step_seconds * (1 + 1e-12)
             assert p.predicted.step_seconds == r.predicted.step_seconds
             assert p.solver.bound >= r.solver.bound * (1 - 1e-12)
-            a = auto_search(synth(4, seed), cluster, spec=parse_strategy_spec("auto"), budget=budget,
-                            precision=Precision.BF16_MIXED, optimizer=Optimizer.ADAM, effort=NARROW)[0]
-            lead = [k for k, o in a.outcomes.items() if o.milp is not None]  # only the lead gets a MILP
-            if len(lead) != 1 or a.outcomes[lead[0]].best is None:
-                continue
-            o = a.outcomes[lead[0]]
-            root = search._root_bound(o.best.problem, o.best, budget=budget, left=float("inf"))
-            always = min(max(o.bound, root), o.best.seconds)
-            others = min((v.bound for k, v in a.outcomes.items() if k != lead[0]), default=float("inf"))
-            assert a.bound == pytest.approx(min(always, others, a.best.seconds), rel=1e-12, abs=0)
-            tighter += root > milp.lower_bound(o.best.problem, budget) * (1 + 1e-9)
-    assert tighter >= 3  # the root's cuts over `milp.lower_bound` on the lead grouping
+            # every grouping relaxed, eagerly, from the search that relaxed none
+            a, _, problems, _ = auto_search(synth(4, seed), cluster, budget=budget,
+                                            effort=NARROW._replace(bound_units=0), **kw)
+            eager = []
+            for g in problems:
+                o = a.outcomes[search.key(g)]
+                b = max(o.bound, search._root_bound(g, budget=budget, best=a.best.seconds)) if o.root else o.bound
+                eager.append(min(b, o.best.seconds) if o.best else b)
+                tighter += o.root and b > milp.lower_bound(g, budget) * (1 + 1e-9)
+            assert p.solver.bound == pytest.approx(min(min(eager), a.best.seconds), rel=1e-12, abs=0)
+    assert tighter >= 3  # the relaxation over `milp.lower_bound` on some grouping
