@@ -77,22 +77,23 @@ class Evaluator:
         then its backward AllGather adds its bytes at the launch and takes them off at the use, in
         that order (`np.bincount` adds its weights in order, from 0.0)."""
         t = self.t
-        launch = np.array([(f, -1 if b is None else b) for f, b in zip(ch.fwd, ch.bwd)])  # (n, 2)
-        ok = (launch < t.use) & np.array([(True, b is not None) for b in ch.bwd])
-        ok = np.repeat(ok, 2).reshape(n, 2, 2)  # per unit, forward/backward, launch/use
-        inc = np.stack([launch, t.use], axis=2)[ok]
-        exc = np.stack([launch + 1, t.use], axis=2)[ok]
-        w = t.signed[ok]
+        bwd = np.array([-1 if b is None else b for b in ch.bwd])
+        launch = np.empty((n, 2, 2), dtype=np.intp)  # per unit, forward/backward, launch/use
+        launch[:, 0, 0], launch[:, 1, 0], launch[:, :, 1] = ch.fwd, bwd, t.use
+        ok = (launch[:, :, 0] < t.use)
+        ok[:, 1] &= bwd >= 0
+        ok = np.repeat(ok, 2).reshape(n, 2, 2)
+        inc, w = launch[ok], t.signed[ok]
+        launch[:, :, 0] += 1
         return (np.cumsum(np.bincount(inc, weights=w, minlength=2 * n + 2)),
-                np.cumsum(np.bincount(exc, weights=w, minlength=2 * n + 2)))
+                np.cumsum(np.bincount(launch[ok], weights=w, minlength=2 * n + 2)))
 
     def _moments(self, ch: Choice) -> tuple[np.ndarray, np.ndarray]:
         """The moments without accumulation, and G (`with_accumulation`)."""
         t, c, n = self.t, self.c, self.p.n
         sb = c.state
-        k = np.array([t.index[s] for s in ch.strategies])
-        x = np.array([2 if m is Checkpoint.SELECTIVE else int(bool(m)) for m in ch.ckpt]) if ch.ckpt \
-            else np.zeros(n, dtype=np.intp)  # `_mode`
+        k = np.array(list(map(t.index.__getitem__, ch.strategies)))
+        x = np.array(list(map(t.mode.__getitem__, ch.ckpt))) if ch.ckpt else t.none
         shard = t.shard[t.rows, k]
         pers = shard.sum() * (sb.param + sb.optimizer) + c.input_bytes
         unsh = t.unsh[t.rows, k]
@@ -172,7 +173,8 @@ class _Tables:
     def __init__(self, p: Problem, c, code: list):
         n, ks, costs = p.n, tuple(Strategy), p.costs
         self.index = {s: j for j, s in enumerate(ks)}
-        self.rows = np.arange(n)
+        self.rows, self.none = np.arange(n), np.zeros(n, dtype=np.intp)
+        self.mode = {m: _mode(Choice((), (), (), (m,)), 0) for m in (False, True, *Checkpoint)}  # `_mode`'s index
         by_k = lambda f: np.array([[f(i, s) for s in ks] for i in range(n)], dtype=np.float64)  # noqa: E731
         self.shard, self.unsh = by_k(lambda i, s: c.shard[i][s]), by_k(lambda i, s: c.unsh_by[i][s])
         self.held, self.rs = by_k(lambda i, s: c.held[i][s]), by_k(lambda i, s: c.rs_by[i][s])
