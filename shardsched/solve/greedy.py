@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from shardsched.core.types import Checkpoint, GradSync
+from shardsched.core.types import Checkpoint, GradSync, Strategy
 from shardsched.cost.memory import state_bytes
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad
@@ -38,7 +38,18 @@ MIN_FIRST = (FS, FSN, HS, SGO, HSGO, REP)
 
 
 class Evaluator:
-    """Step seconds and peak bytes of Choices of one Problem."""
+    """Step seconds and peak bytes of Choices of one Problem.
+
+    [Note: the evaluator's per-unit tables]
+    The local search calls `peak` thousands of times, so every term of a moment that depends
+    only on (unit i, its strategy k, its checkpointing index x: `_mode`) is a table built once
+    here (`_Tables`: [i, k], [i, x] or [i, k, x]), and a call gathers them with the Choice's
+    index arrays and adds them elementwise. Each moment adds the same float64 operands in the
+    same order as the per-unit loop it replaced (integers become floats where that loop added
+    them to a float, and sums of integers stay integer sums), so the results are bitwise the
+    loop's (tests/solve/test_evaluator_tables.py checks them against a copy of it). Terms that
+    only some units have (`outside`, `Costs.recall`, the code-held outputs) are masks or short
+    loops over those units."""
 
     def __init__(self, p: Problem):
         self.p, self.c = p, costs_of(p)
@@ -47,94 +58,178 @@ class Evaluator:
         self.replay = Replay(p)
         # earlier outputs the calling code holds beside each unit's forward (`sim.scenario.code_held_terms`)
         self.code = [code_held_terms(p.costs, i) for i in range(p.n)]
+        self.t = _Tables(p, c, self.code)
 
     def seconds(self, ch: Choice) -> float:
         return self.replay.seconds(ch)
 
     def peak(self, ch: Choice) -> int:
-        return int(max(self.moments(ch)))
-
-    def _pending(self, ch: Choice, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Pending AllGather bytes per step, launched-here included / excluded."""
-        inc, exc = np.zeros(2 * n + 2), np.zeros(2 * n + 2)
-        for j in range(n):
-            for launch, use in ((ch.fwd[j], j), (ch.bwd[j], 2 * n - 1 - j)):
-                if launch is None or launch >= use:
-                    continue
-                inc[launch] += self.unsh[j]
-                inc[use] -= self.unsh[j]
-                exc[launch + 1] += self.unsh[j]
-                exc[use] -= self.unsh[j]
-        return np.cumsum(inc), np.cumsum(exc)
+        out, G = self._moments(ch)
+        return int(out.max() if self.p.accumulation <= 1 else max(with_accumulation(self.p, G, list(out))))
 
     def moments(self, ch: Choice) -> list[float]:
         """The largest moment of every compute step, as `sim.memory.step_memory`."""
-        c, n = self.c, self.p.n
+        out, G = self._moments(ch)
+        return with_accumulation(self.p, G, list(out))
+
+    def _pending(self, ch: Choice, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Pending AllGather bytes per step, launched-here included / excluded: per unit its forward
+        then its backward AllGather adds its bytes at the launch and takes them off at the use, in
+        that order (`np.bincount` adds its weights in order, from 0.0)."""
+        t = self.t
+        bwd = np.array([-1 if b is None else b for b in ch.bwd])
+        launch = np.empty((n, 2, 2), dtype=np.intp)  # per unit, forward/backward, launch/use
+        launch[:, 0, 0], launch[:, 1, 0], launch[:, :, 1] = ch.fwd, bwd, t.use
+        ok = (launch[:, :, 0] < t.use)
+        ok[:, 1] &= bwd >= 0
+        ok = np.repeat(ok, 2).reshape(n, 2, 2)
+        inc, w = launch[ok], t.signed[ok]
+        launch[:, :, 0] += 1
+        return (np.cumsum(np.bincount(inc, weights=w, minlength=2 * n + 2)),
+                np.cumsum(np.bincount(launch[ok], weights=w, minlength=2 * n + 2)))
+
+    def _moments(self, ch: Choice) -> tuple[np.ndarray, np.ndarray]:
+        """The moments without accumulation, and G (`with_accumulation`)."""
+        t, c, n = self.t, self.c, self.p.n
         sb = c.state
-        shard = np.array([c.shard[i][s] for i, s in enumerate(ch.strategies)], dtype=np.float64)
+        k = np.array(list(map(t.index.__getitem__, ch.strategies)))
+        x = np.array(list(map(t.mode.__getitem__, ch.ckpt))) if ch.ckpt else t.none
+        shard = t.shard[t.rows, k]
         pers = shard.sum() * (sb.param + sb.optimizer) + c.input_bytes
-        unsh = np.array([c.unsh_by[i][s] for i, s in enumerate(ch.strategies)], dtype=np.float64)
-        ag = np.array([forward_gathers(u, s) for u, s in zip(self.p.costs, ch.strategies)], dtype=np.float64) * unsh
-        held = np.array([c.held[i][s] for i, s in enumerate(ch.strategies)], dtype=np.float64)
+        unsh = t.unsh[t.rows, k]
+        ag = t.fg[t.rows, k] * unsh
+        held = t.held[t.rows, k]
         U = np.concatenate([[0], np.cumsum(held)])
         G = np.concatenate([np.cumsum((shard * sb.grad)[::-1])[::-1], [0]])
-        modes = [_mode(ch, i) for i in range(n)]
-        kept = [_own(c, i, modes[i], c.act[i], c.inp[i], "inp") for i in range(n)]
-        for i in range(n - 1):  # [Note: the output a recomputed unit hands over]
-            if modes[i] and not modes[i + 1]:
-                kept[i] += self.p.costs[i + 1].handed_over_bytes()
+        kept = t.kept[t.rows, x]
+        kept[:-1] += np.where((x[:-1] != 0) & (x[1:] == 0), t.handed, 0)  # [Note: the output a recomputed unit hands over]
         self.act = np.concatenate([[0], np.cumsum(kept)]).astype(np.float64)
         inc, exc = self._pending(ch, n)
-        out = []
-        for i in range(n):
-            u, prev = unsh[i] + ag[i], ag[i - 1] if i else 0.0  # each holds its own AllGather output
-            unit = self.p.costs[i]
-            x = modes[i]
-            lead = _own(c, i, x, unit.lead_activation_bytes, unit.checkpointed_lead_bytes, "lead")
-            extra = extra_gather(unit, ch.strategies[i]) * unsh[i] + (lead if len(unit.layers) > 1 else 0)
-            after = unit.after_forward()  # the code after it (the loss), after the unit reshards
-            entry = unit.entry_after_checkpointed() if i and modes[i - 1] and modes[i] else unit.entry_bytes
-            code = unit.code_held_bytes + sum((0, full, sel)[modes[j]] for j, full, sel in self.code[i])
-            out.append(pers + U[i] + code + max(unsh[i] + ag[i] + prev + self.act[i] + entry + exc[i],
-                                         u + extra + self.act[i] + inc[i],
-                                         u + self.act[i] + _own(c, i, x, *c.fwd_own[i], "fwd_own") + inc[i],
-                                         held[i] + ag[i] + self.act[i + 1] + inc[i]
-                                         + _own(c, i, x, after, after, "loss") if after else 0))
-        rs = [(c.rs_by[i][s], c.rs_kept_by[i][s]) for i, s in enumerate(ch.strategies)]
-        for s in range(n, 2 * n):
-            out.append(self._backward(ch, s, pers, U, G, inc, exc, unsh, rs, held))
-        out.append(pers + G[0] + int(c.opt_factor * shard.sum() * sb.param))
-        return with_accumulation(self.p, G, out)
+        v = _Call(k, x, unsh, ag, held, U, self.act, inc, exc, pers)
+        fwd = self._forward(v)
+        rs_kept = t.rs_kept[t.rows, k]
+        v.held_rs = np.concatenate([rs_kept[1:], [0.0]])
+        bwd = self._backward(v, G)
+        opt = pers + G[0] + int(c.opt_factor * shard.sum() * sb.param)
+        return np.concatenate([fwd, bwd[::-1], [opt]]), G
 
-    def _backward(self, ch, s, pers, U, G, inc, exc, unsh, rs, held) -> float:
-        c, n = self.c, self.p.n
-        i = 2 * n - 1 - s
-        held_rs = rs[i + 1][1] if i + 1 < n else 0
-        base = pers + U[i] + G[i + 1] + (c.root_grad if holds_root_grad(i, n) else 0)
-        u = unsh[i]
-        x = _mode(ch, i)
-        k = ch.strategies[i]
-        own = _own(c, i, x, c.bwd_own[i], c.ck_start[i], "start")  # `Scenario.backward_start`
-        m = u + self.act[i] + own + held_rs + inc[s]  # backward starts (checkpointed: recomputed)
-        if c.last_end[i] is None:
-            m = max(m, u + c.ugrad[i] + self.act[i] + c.ws[i] + held_rs + inc[s],  # backward ends
-                    c.ugrad[i] + self.act[i] + rs[i][0] + inc[s])  # reduce
-        else:  # module by module (`UnitCost.last_end`, `UnitCost.inner_moments`)
-            m = max(m, u + self.act[i] + _own(c, i, x, *c.last_end[i], "last_end") + held_rs + inc[s],
-                    u + self.act[i] + c.inner_most[i][k][x] + inc[s])
-        outside = self.p.costs[i].outside_workspace_bytes  # the loss's backward, before it gathers
-        if outside:
-            # `base` counts the root's gradient as held at unit i; the loss runs before the head's
-            root = c.root_grad * (holds_root_grad(i, n, outside=True) - holds_root_grad(i, n))
-            m = max(m, held[i] + self.act[i + 1] + outside + held_rs + exc[s] + root)
-        for gt, (plain, full) in zip((1, 0), c.recall[i]):  # a repeated layer's earlier call
-            if plain or full:  # gathered again, then computing (`UnitCost.recall_bytes`)
-                sac = c.sac[i].recall[1 - gt] if c.sac[i] is not None else full
-                m = max(m, u + gt * forward_gathers(self.p.costs[i], k) * u + self.act[i]
-                        + (plain, full, sac)[x] + held_rs + inc[s])
-        if ch.strategies[i].gathers_for_backward:  # copy-out, its post-forward slice still live
-            m = max(m, 2 * u + held[i] + self.act[i + 1] + self.p.costs[i].grad_in_bytes() + held_rs + exc[s])
+    def _forward(self, v: _Call) -> np.ndarray:
+        """Forward moments of units 0..n-1 (`sim.memory._forward_moments`)."""
+        t, n = self.t, self.p.n
+        rows, x, act, inc = t.rows, v.x, v.act[:-1], v.inc[:n]
+        u = v.unsh + v.ag  # each holds its own AllGather output
+        prev = np.concatenate([[0.0], v.ag[:-1]])
+        both = np.concatenate([[False], (x[:-1] != 0) & (x[1:] != 0)])
+        entry = np.where(both, t.entry_ck, t.entry)
+        extra = t.eg[rows, v.k] * v.unsh + t.lead[rows, x]
+        loss = np.where(t.has_after, v.held + v.ag + v.act[1:] + inc + t.loss[rows, x], 0.0)  # the loss after it
+        m = np.maximum(np.maximum(v.unsh + v.ag + prev + act + entry + v.exc[:n], u + extra + act + inc),
+                       np.maximum(u + act + t.fwd_own[rows, x] + inc, loss))
+        return v.pers + v.U[:-1] + self._code(x) + m
+
+    def _code(self, x: np.ndarray) -> np.ndarray:
+        """Bytes the calling code holds beside each unit's forward: integer sums, as floats."""
+        code = self.t.code_held.copy()
+        for i in self.t.code_units:
+            code[i] = self.p.costs[i].code_held_bytes + sum((0, full, sel)[x[j]] for j, full, sel in self.code[i])
+        return code
+
+    def _backward(self, v: _Call, G: np.ndarray) -> np.ndarray:
+        """Backward moments of units 0..n-1 (step 2n-1-i; `sim.memory._backward`)."""
+        t, c, n = self.t, self.c, self.p.n
+        rows, x, k, u, act, hrs = t.rows, v.x, v.k, v.unsh, v.act[:-1], v.held_rs
+        inc, exc = v.inc[2 * n - 1 - rows], v.exc[2 * n - 1 - rows]
+        base = v.pers + v.U[:-1] + G[1:] + t.root
+        m = u + act + t.start[rows, x] + hrs + inc  # backward starts (checkpointed: recomputed)
+        ends = np.maximum(u + t.ugrad + act + t.ws + hrs + inc,  # backward ends, reduce
+                          t.ugrad + act + t.rs[rows, k] + inc)
+        fused = np.maximum(u + act + t.last_end[rows, x] + hrs + inc,  # module by module (`UnitCost.last_end`)
+                           u + act + t.inner_most[rows, k, x] + inc)
+        m = np.maximum(m, np.where(t.fused, fused, ends))
+        loss = v.held + v.act[1:] + t.outside + hrs + exc + t.outside_root  # the loss's backward, before it gathers
+        m = np.where(t.has_outside, np.maximum(m, loss), m)
+        for gt, has, own in ((1, t.has_recall[0], t.recall[0]), (0, t.has_recall[1], t.recall[1])):
+            again = u + gt * t.fg[rows, k] * u + act + own[rows, x] + hrs + inc  # a repeated layer's earlier call
+            m = np.where(has, np.maximum(m, again), m)
+        copy = 2 * u + v.held + v.act[1:] + t.grad_in + hrs + exc  # copy-out, its post-forward slice still live
+        m = np.where(t.gfb[k], np.maximum(m, copy), m)
         return base + m
+
+
+class _Call:
+    """One call's per-unit arrays (the Choice's strategies `k` and checkpointing `x`, as indices)."""
+
+    def __init__(self, k, x, unsh, ag, held, U, act, inc, exc, pers):
+        self.k, self.x, self.unsh, self.ag, self.held, self.U = k, x, unsh, ag, held, U
+        self.act, self.inc, self.exc, self.pers = act, inc, exc, pers
+        self.held_rs = None
+
+
+class _Tables:
+    """[Note: the evaluator's per-unit tables]: per unit i, float64 arrays [i, k] over strategies
+    (`Strategy`'s order), [i, x] over checkpointing indices (`_mode`), [i, k, x], or [i]; a term
+    a unit does not have is 0 there, behind a mask."""
+
+    def __init__(self, p: Problem, c, code: list):
+        n, ks, costs = p.n, tuple(Strategy), p.costs
+        self.index = {s: j for j, s in enumerate(ks)}
+        self.rows, self.none = np.arange(n), np.zeros(n, dtype=np.intp)
+        self.mode = {m: _mode(Choice((), (), (), (m,)), 0) for m in (False, True, *Checkpoint)}  # `_mode`'s index
+        by_k = lambda f: np.array([[f(i, s) for s in ks] for i in range(n)], dtype=np.float64)  # noqa: E731
+        self.shard, self.unsh = by_k(lambda i, s: c.shard[i][s]), by_k(lambda i, s: c.unsh_by[i][s])
+        self.held, self.rs = by_k(lambda i, s: c.held[i][s]), by_k(lambda i, s: c.rs_by[i][s])
+        self.rs_kept = by_k(lambda i, s: c.rs_kept_by[i][s])
+        self.fg = by_k(lambda i, s: forward_gathers(costs[i], s))
+        self.eg = by_k(lambda i, s: extra_gather(costs[i], s))
+        self.gfb = np.array([s.gathers_for_backward for s in ks])
+        # activations kept: integer sums, as the loop's `np.cumsum` of ints
+        self.kept = np.array([[_own(c, i, x, c.act[i], c.inp[i], "inp") for x in range(3)] for i in range(n)],
+                             dtype=np.int64)
+        self.handed = np.array([costs[i].handed_over_bytes() for i in range(1, n)], dtype=np.int64)
+        self._forward(p, c, code)
+        self._backward(p, c)
+        self.use = np.array([(j, 2 * n - 1 - j) for j in range(n)])
+        u = np.array(c.unsharded, dtype=np.float64)[:, None, None]
+        self.signed = np.concatenate([u, -u], axis=2).repeat(2, axis=1)  # [j, fwd/bwd, launch/use]
+
+    def _forward(self, p: Problem, c, code: list) -> None:
+        n, costs = p.n, p.costs
+        self.entry = np.array([u.entry_bytes for u in costs], dtype=np.float64)
+        self.entry_ck = np.array([u.entry_after_checkpointed() for u in costs], dtype=np.float64)
+        self.lead = np.array([[_own(c, i, x, u.lead_activation_bytes, u.checkpointed_lead_bytes, "lead")
+                               if len(u.layers) > 1 else 0 for x in range(3)] for i, u in enumerate(costs)],
+                             dtype=np.float64)
+        after = [u.after_forward() for u in costs]  # the code after it (the loss), after the unit reshards
+        self.has_after = np.array([bool(a) for a in after])
+        self.loss = np.array([[_own(c, i, x, a, a, "loss") if a else 0 for x in range(3)] for i, a in enumerate(after)],
+                             dtype=np.float64)
+        self.fwd_own = np.array([[_own(c, i, x, *c.fwd_own[i], "fwd_own") for x in range(3)] for i in range(n)],
+                                dtype=np.float64)
+        self.code_held = np.array([u.code_held_bytes for u in costs], dtype=np.float64)
+        self.code_units = [i for i in range(n) if code[i]]
+
+    def _backward(self, p: Problem, c) -> None:
+        n, costs, ks = p.n, p.costs, tuple(Strategy)
+        f64 = lambda v: np.array([np.nan if a is None else a for a in v], dtype=np.float64)  # noqa: E731
+        self.root = f64(c.root_grad if holds_root_grad(i, n) else 0 for i in range(n))
+        self.start = np.array([[_own(c, i, x, c.bwd_own[i], c.ck_start[i], "start") for x in range(3)]
+                               for i in range(n)], dtype=np.float64)
+        self.ugrad, self.ws, self.grad_in = f64(c.ugrad), f64(c.ws), f64(u.grad_in_bytes() for u in costs)
+        self.fused = np.array([e is not None for e in c.last_end])
+        self.last_end = np.array([f64(_own(c, i, x, *c.last_end[i], "last_end") for x in range(3))
+                                  if c.last_end[i] is not None else np.zeros(3) for i in range(n)])
+        self.inner_most = np.array([[f64(c.inner_most[i][s]) for s in ks] if c.inner_most[i] is not None
+                                    else np.zeros((len(ks), 3)) for i in range(n)])
+        self.outside = f64(u.outside_workspace_bytes for u in costs)
+        self.has_outside = np.array([bool(u.outside_workspace_bytes) for u in costs])
+        # `base` counts the root's gradient as held at unit i; the loss runs before the head's
+        self.outside_root = f64(c.root_grad * (holds_root_grad(i, n, outside=True) - holds_root_grad(i, n))
+                                for i in range(n))
+        # a repeated layer's earlier call, gathered again (gt 1) then computing (gt 0)
+        self.has_recall = [np.array([bool(c.recall[i][g][0] or c.recall[i][g][1]) for i in range(n)])
+                           for g in (0, 1)]
+        self.recall = [np.array([f64((*c.recall[i][g], c.sac[i].recall[g] if c.sac[i] is not None
+                                      else c.recall[i][g][1])) for i in range(n)]) for g in (0, 1)]
 
 
 def _mode(ch: Choice, i: int) -> int:
