@@ -876,12 +876,16 @@ def relaxation_bound(p: Problem, *, budget: int, ahead: int | None = None, t_ub:
     """The MILP's LP relaxation (every binary in [0, 1]): a lower bound on the step of every
     fitting schedule of this grouping within the launch windows of `ahead` (+inf: none fits).
 
-    [Note: the relaxation is the bound] At 100 nodes HiGHS's dual bound is the root LP's: on the
-    lead groupings measured (18-34 units, `bench_plan_speed.py --random 8`, seeds 5-9) the bound
-    after the root's cut rounds, sub-MIPs and 100 nodes was the plain relaxation's to 1e-6, which
-    one LP solve gives in 0.05-0.4 CPU s against 3-8 s for the MILP. `t_ub` (the best step known)
-    caps the unslowed step as in `solve`, which tightens the rows' big-M terms; a schedule whose
-    unslowed step exceeds it is slower than `t_ub`, so the bound is the lesser of the two."""
+    [Note: the relaxation is the bound] At 100 nodes HiGHS's dual bound is mostly the root LP's:
+    on the 18-34-unit leads measured (`bench_plan_speed.py --random 8`, seeds 5-9, r0 and r2) the
+    bound after the root's cut rounds, sub-MIPs and 100 nodes was the plain relaxation's to 1e-6,
+    which one LP solve gives in 0.05-0.4 CPU s against 3-8 s for the MILP. Cuts do lift it on some
+    groupings (the 24-layer GPT of the bench: the plan's bound was 0.2226 s with its lead's root
+    cuts, 0.2167 s with relaxations, a whole-space gap of 2.7% instead of 0.04%, for the same plan
+    1.7 CPU s sooner); the bound stays a bound.
+    `t_ub` (the best step known) caps the unslowed step as in `solve`, which tightens the rows'
+    big-M terms; a schedule whose unslowed step exceeds it is slower than `t_ub`, so the bound is
+    the lesser of the two."""
     b = _Build(p, budget=budget, ahead=p.n if ahead is None else ahead, t_ub=t_ub)
     lp = b.m.lp()
     lp.integrality_ = []
