@@ -349,7 +349,14 @@ def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Eff
     is polished before its MILP (HiGHS's root heuristics search around the start: on the
     24-layer GPT of bench/bench_plan_speed.py, 0.2477 s from a polished start, 0.2755 s
     from the greedy's) and after; `polished`: the local work its start has had already
-    (`_contend`), taken from that first polish."""
+    (`_contend`), taken from that first polish.
+
+    [Note: polish the move] The lead's MILP is a large move of the local search: its answer is
+    polished whenever it differs from the start, slower or not. A narrowed MILP's answer can be
+    slower than the start (its launches are cut to the narrowed windows) and still lie in a
+    better basin: `bench_plan_speed.py --random 8 --seed 9`'s r6 (32 units) had its MILP answer at
+    5.6021 s against a polished start of 5.5915, and kept the start (10x search: 5.4335, ratio
+    1.0291); polished, that answer reaches 5.4365 s (1.0006), for one more polish (1.2 CPU s)."""
     lb = milp.lower_bound(p, budget)
     if start is not None and start.seconds <= lb * (1 + OPTIMAL_TOL):
         return Outcome(start, start.seconds)  # the start meets the bound: optimal, nothing to solve
@@ -364,7 +371,7 @@ def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Eff
         return Outcome(start, lb)
     found, r = _milp(p, start, budget=budget, effort=effort, left=left, notes=notes,
                      narrow=effort.narrow(p) if lead else 0)
-    if lead and found is not None and (start is None or found.seconds < start.seconds):
+    if lead and found is not None and (start is None or found.choice != start.choice):  # [Note: polish the move]
         found = local_polish(p, found, budget=budget, effort=effort)
     best = min((s for s in (start, found) if s is not None), key=lambda s: (s.seconds, s.name != "highs"),
                default=None)
