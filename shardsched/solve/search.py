@@ -20,7 +20,7 @@ AllGather launch point within `milp.windows` of its use. Per grouping, in a fixe
      at the end when another grouping gave it. A lead grouping above `Effort.lead_units` (20),
      up to `Effort.narrow_units` (80), gets its MILP over narrowed launch windows
      (`Effort.narrow`): a schedule, no bound. Other groupings get a MILP up to
-     `Effort.milp_units` (8); MILPs above `Effort.light_units` (8) run light (no strong
+     `Effort.milp_units` (16); MILPs above `Effort.light_units` (8) run light (no strong
      branching, restart or presolve);
   4. last, the LP relaxation over the whole window bounds the groupings of up to
      `Effort.bound_units` (40) that no full-window MILP bounded, least bound first and only
@@ -70,13 +70,16 @@ class Effort(NamedTuple):
     scale: float = 1.0
     nodes: int = 100
     """Branch-and-bound nodes per grouping at scale 1."""
-    milp_units: int = 8
+    milp_units: int = 16
     """Groupings other than the lead of more units get no MILP (their bound: the LP relaxation,
-    [Note: bounds last]). It was 20: a full-window MILP of 18-20 units takes 5-8 CPU s whatever
-    its node limit (HiGHS's root: cut rounds and sub-MIPs), and two or three such groupings took
-    11-22 CPU s of one plan (`bench_plan_speed.py --random 8`, seeds 7 and 8, r0) for a bound the
-    relaxation gives in 0.1 s and, once in four cases, a plan 0.8% faster. Up to 8 units the MILP
-    is a few tenths of a second and proves small instances optimal (tests/solve/test_search_vs_brute)."""
+    [Note: bounds last]); above `light_units` theirs is light. It was 20 with HiGHS's defaults: a
+    full-window MILP of 18-20 units took 5-8 CPU s whatever its node limit (HiGHS's root: cut
+    rounds and sub-MIPs), and two or three such groupings took 11-22 CPU s of one plan
+    (`bench_plan_speed.py --random 8`, seeds 7 and 8, r0). Light, up to 16 units, they cost a few
+    CPU s where they run (seed 10's r0: two 15-unit groupings, 2.2 -> 5.6 CPU s, and a plan of
+    0.5194 s against 0.5248 without them and 0.5207 for its 10x search); at 20, seeds 7's and 8's
+    r0 reach their 10x plans but one takes 10.4 CPU s. Seeds 0-9's 80 plans are the same at 8 and
+    16. Small groupings' MILPs also prove small instances optimal (tests/solve/test_search_vs_brute)."""
 
     def node_limit(self) -> int:
         return max(1, round(self.nodes * self.scale))
