@@ -19,6 +19,8 @@ instead of O(n^2)); tests check it against the simulator.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from shardsched.core.types import Checkpoint, GradSync, Strategy
@@ -53,12 +55,10 @@ class Evaluator:
 
     def __init__(self, p: Problem):
         self.p, self.c = p, costs_of(p)
-        c = self.c
-        self.unsh = np.array(c.unsharded, dtype=np.float64)
         self.replay = Replay(p)
         # earlier outputs the calling code holds beside each unit's forward (`sim.scenario.code_held_terms`)
         self.code = [code_held_terms(p.costs, i) for i in range(p.n)]
-        self.t = _Tables(p, c, self.code)
+        self.t = _Tables(p, self.c, self.code)
 
     def seconds(self, ch: Choice) -> float:
         return self.replay.seconds(ch)
@@ -103,12 +103,11 @@ class Evaluator:
         G = np.concatenate([np.cumsum((shard * sb.grad)[::-1])[::-1], [0]])
         kept = t.kept[t.rows, x]
         kept[:-1] += np.where((x[:-1] != 0) & (x[1:] == 0), t.handed, 0)  # [Note: the output a recomputed unit hands over]
-        self.act = np.concatenate([[0], np.cumsum(kept)]).astype(np.float64)
+        act = np.concatenate([[0], np.cumsum(kept)]).astype(np.float64)
         inc, exc = self._pending(ch, n)
-        v = _Call(k, x, unsh, ag, held, U, self.act, inc, exc, pers)
+        held_rs = np.concatenate([t.rs_kept[t.rows, k][1:], [0.0]])  # the next unit's kept reduce-scatter
+        v = _Call(k, x, unsh, ag, held, U, act, inc, exc, pers, held_rs)
         fwd = self._forward(v)
-        rs_kept = t.rs_kept[t.rows, k]
-        v.held_rs = np.concatenate([rs_kept[1:], [0.0]])
         bwd = self._backward(v, G)
         opt = pers + G[0] + int(c.opt_factor * shard.sum() * sb.param)
         return np.concatenate([fwd, bwd[::-1], [opt]]), G
@@ -156,13 +155,20 @@ class Evaluator:
         return base + m
 
 
-class _Call:
+class _Call(NamedTuple):
     """One call's per-unit arrays (the Choice's strategies `k` and checkpointing `x`, as indices)."""
 
-    def __init__(self, k, x, unsh, ag, held, U, act, inc, exc, pers):
-        self.k, self.x, self.unsh, self.ag, self.held, self.U = k, x, unsh, ag, held, U
-        self.act, self.inc, self.exc, self.pers = act, inc, exc, pers
-        self.held_rs = None
+    k: np.ndarray
+    x: np.ndarray
+    unsh: np.ndarray
+    ag: np.ndarray
+    held: np.ndarray
+    U: np.ndarray
+    act: np.ndarray
+    inc: np.ndarray
+    exc: np.ndarray
+    pers: float
+    held_rs: np.ndarray
 
 
 class _Tables:

@@ -192,9 +192,9 @@ class Outcome(NamedTuple):
     best: Scored | None
     bound: float
     milp: milp.MilpResult | None = None
-    root: bool = False
-    """Whether its LP relaxation (`_root_bound`) may still raise `bound`: no full-window MILP
-    bounded it ([Note: bounds last])."""
+    relax: bool = False
+    """Whether its LP relaxation may still raise `bound`: no full-window MILP bounded it
+    ([Note: bounds last])."""
 
 
 class Search(NamedTuple):
@@ -301,8 +301,8 @@ def _milp(p: Problem, start: Scored | None, *, budget: int, effort: Effort, left
 
     [Note: no restart] HiGHS restarts a MILP whose root reduced-cost fixing fixed many columns:
     a second presolve and a second root node. The narrowed lead MILP is a large move of the local
-    search (its answer is polished, its bound dropped) and `_root_bound` wants the first root's
-    bound only, so neither restarted (`milp.solve(restart=False)`; the bound is now the LP
+    search (its answer is polished, its bound dropped) and the lead's root-only bound MILP wanted
+    the first root's bound only, so neither restarted (`milp.solve(restart=False)`; the bound is now the LP
     relaxation's, [Note: bounds last]). Measured (`bench_plan_speed.py
     --random 8 --seed 0`, r4, 42 units: narrowed MILP 6.2 -> 2.9 CPU s, and its polished answer
     0.9254 -> 0.9212 s; root bounds of the 24-layer GPT, seed 0's r1 and seed 1's r3: 2.2 -> 1.3,
@@ -326,13 +326,6 @@ def _milp(p: Problem, start: Scored | None, *, budget: int, effort: Effort, left
         notes.append(f"MILP schedule rejected: simulated peak {s.peak} > budget {budget}")
         return None, r
     return s, r
-
-
-def _root_bound(p: Problem, *, budget: int, best: float) -> float:
-    """The grouping's bound over its whole declared space (every launch point): the LP
-    relaxation, with the unslowed step capped at `best`, the fastest schedule known
-    ([Note: the relaxation is the bound] in `solve.milp`; `Effort.bound_units`)."""
-    return milp.relaxation_bound(p, budget=budget, ahead=ahead_for(p.n), t_ub=best if math.isfinite(best) else None)
 
 
 def local_polish(p: Problem, s: Scored | None, *, budget: int, effort: Effort) -> Scored | None:
@@ -368,7 +361,7 @@ def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Eff
         first = effort._replace(local_work=max(0, effort.local_work - polished))
         start = local_polish(p, start, budget=budget, effort=first)
     if lb >= incumbent or not effort.runs_milp(p, lead=lead) or (start is None and p.n > FULL_WINDOW_UNITS):
-        return Outcome(start, lb, root=lb < incumbent)  # closed by the bound, or left to the bound (size rule)
+        return Outcome(start, lb, relax=lb < incumbent)  # closed by the bound, or left to the bound (size rule)
     left = deadline - time.perf_counter()
     if left <= 0:
         return Outcome(start, lb)
@@ -379,12 +372,13 @@ def solve_grouping(p: Problem, start: Scored | None, *, budget: int, effort: Eff
     best = min((s for s in (start, found) if s is not None), key=lambda s: (s.seconds, s.name != "highs"),
                default=None)
     bound = max(lb, r.bound)
-    return Outcome(best, min(bound, best.seconds) if best else bound, r, root=lead and effort.narrow(p) > 0)
+    return Outcome(best, min(bound, best.seconds) if best else bound, r, relax=lead and effort.narrow(p) > 0)
 
 
 def _bounds_last(outcomes: dict, problems: dict, *, budget: int, best: float, effort: Effort,
                  deadline: float) -> None:
-    """Raise the plan's bound with LP relaxations (`_root_bound`), least bound first.
+    """Raise the plan's bound with LP relaxations over each grouping's whole declared space
+    (every launch point; `milp.relaxation_bound`, capped at `best`), least bound first.
 
     [Note: bounds last] The plan's bound is the least over every grouping. A grouping bounded
     only by `milp.lower_bound` (no MILP: a grouping other than the lead above `Effort.milp_units`,
@@ -399,10 +393,10 @@ def _bounds_last(outcomes: dict, problems: dict, *, budget: int, best: float, ef
     while time.perf_counter() < deadline:
         k = min(outcomes, key=lambda k: outcomes[k].bound)  # ties: the first visited
         o, p = outcomes[k], problems[k]
-        if not o.root or o.bound >= best or p.n > effort.bound_units * effort.scale:
+        if not o.relax or o.bound >= best or p.n > effort.bound_units * effort.scale:
             return
-        raised = max(o.bound, _root_bound(p, budget=budget, best=best))
-        outcomes[k] = o._replace(bound=min(raised, o.best.seconds) if o.best else raised, root=False)
+        raised = max(o.bound, milp.relaxation_bound(p, budget=budget, ahead=ahead_for(p.n), t_ub=best))
+        outcomes[k] = o._replace(bound=min(raised, o.best.seconds) if o.best else raised, relax=False)
 
 
 def _partitioned(p: Problem) -> bool:

@@ -162,8 +162,9 @@ def test_a_narrowed_milp_bounds_nothing_the_relaxations_do():
             eager = []
             for g in problems:
                 o = a.outcomes[search.key(g)]
-                b = max(o.bound, search._root_bound(g, budget=budget, best=a.best.seconds)) if o.root else o.bound
+                relaxed = milp.relaxation_bound(g, budget=budget, ahead=search.ahead_for(g.n), t_ub=a.best.seconds)
+                b = max(o.bound, relaxed) if o.relax else o.bound
                 eager.append(min(b, o.best.seconds) if o.best else b)
-                tighter += o.root and b > milp.lower_bound(g, budget) * (1 + 1e-9)
+                tighter += o.relax and b > milp.lower_bound(g, budget) * (1 + 1e-9)
             assert p.solver.bound == pytest.approx(min(min(eager), a.best.seconds), rel=1e-12, abs=0)
     assert tighter >= 3  # the relaxation over `milp.lower_bound` on some grouping
