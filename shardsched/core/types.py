@@ -182,6 +182,30 @@ class SolverInfo:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Verified:
+    """What one whole step measured when PyTorch's engine ran the plan (`shardsched.verify`):
+    the same `parallelize` the runtime uses, on fake tensors over a fake process group at the
+    plan's world, every micro-batch, backward and the optimizer step, counted by
+    FSDPMemTracker (MemTracker for plans that run on DDP)."""
+
+    peak_bytes: int
+    """The measured peak per worker (the worst rank: every rank of the fake group runs alike)."""
+    peak_at: str = ""
+    """The moment and the innermost module where the peak happened, e.g. "backward of blocks.3"."""
+    memory: dict = field(default_factory=dict)
+    """The tracker's bytes at the peak by kind ("Activation", "OptState", "All Gather", ...)."""
+    engine: str = "fsdp2"
+    """"fsdp2", or "ddp" for all-replicate fp32 plans (`runtime.ddp.runs_on_ddp`)."""
+    tensors: str = "fake"
+    """"fake" (FakeTensorMode: nothing allocated) or "real" (a model whose ops need real
+    values, e.g. a boolean-mask loss, ran for real on this machine)."""
+    unused_params: tuple[str, ...] = ()
+    """Parameters that received no gradient in the step (DDP must be told: `runtime.ddp`)."""
+    seconds: float = 0.0
+    """CPU seconds the verification took."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     version: int = PLAN_VERSION
     fingerprint: str
@@ -210,6 +234,9 @@ class Plan:
     solver: SolverInfo = SolverInfo()
     notes: tuple[str, ...] = ()
     """Human-readable remarks: why strategies were chosen, oversized layers, ..."""
+    verified: Verified | None = None
+    """The engine's measurement of this plan (`shardsched.verify`); None: not verified
+    (`--no-verify`, or a plan made before verification existed)."""
     extra: dict = field(default_factory=dict)
 
     def unit(self, name: str) -> Unit:

@@ -26,7 +26,7 @@ from shardsched._paths import atomic_write, check_writable_file
 from shardsched.plan.spec import parse_strategy_spec
 from shardsched.plan.validate import check_plan_layers, read_plan_file
 from shardsched.models.spec import PRESETS, parse_model_spec
-from shardsched.profile.resolve import profile_for
+from shardsched.profile.resolve import profiled
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,6 +67,9 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a("--max-batch", action="store_true",
       help="print the largest micro-batch that fits --memory-budget (default: device memory) under each uniform "
            "strategy and under auto, then exit")
+    a("--no-verify", action="store_true",
+      help="skip running the plan once under FSDP2 on fake tensors before it is returned (the plan then says it "
+           "is unverified, and auto plans are fitted to the prediction alone)")
     a("--json", action="store_true", help="print the plan as JSON instead of tables")
     a("--wide", action="store_true", help="every column and every unit (default: 80 columns, identical units folded)")
     a("--out", default=None, help="also write the plan JSON to this file")
@@ -138,21 +141,43 @@ def run_plan(args: argparse.Namespace) -> int:
     if getattr(args, "global_batch", None):
         from shardsched.plan.batch import global_batch_plan
         plan, profile = global_batch_plan(args, spec, cluster, precision, budget.usable if given is not None else None)
-        return _finish(args, stated(plan, budget), profile, cluster, budget, given, spec, args.seq)
+        plan = _verified(args, stated(plan, budget), spec, profile, None, replan=None,
+                         usable=budget.usable if given is not None else None)
+        return _finish(args, plan, profile, cluster, budget, given, spec, args.seq)
     micro_batch, seq = _shape(args, existing)
-    profile = _profile(_sized(spec, micro_batch=args.micro_batch, seq=args.seq), micro_batch, seq, args, cluster,
-                       precision)
+    sized = _sized(spec, micro_batch=args.micro_batch, seq=args.seq)
+    built = _profile(sized, micro_batch, seq, args, cluster, precision)
+    profile, replan, usable = built.profile, None, budget.usable if given is not None else None
     if existing is not None:
         plan = reevaluate(existing, profile, cluster, budget)
     else:
         strategy = args.strategy or ("auto" if given else "full_shard")
         # Headroom is taken off before the planner sees the budget; without one, auto fills the
         # device's memory less the headroom, and a named strategy is planned with no budget.
-        planned = budget.usable if given is not None or parse_strategy_spec(strategy).auto else None
-        plan = stated(make_plan(profile, cluster, strategy=strategy, precision=precision, optimizer=args.optimizer,
-                                memory_budget_bytes=planned, fuse=not args.no_fuse,
-                                time_limit=args.time_limit or math.inf), budget)
+        auto = parse_strategy_spec(strategy).auto
+        planned = budget.usable if given is not None or auto else None
+
+        def replan(b: int | None) -> Plan:
+            return stated(make_plan(profile, cluster, strategy=strategy, precision=precision, optimizer=args.optimizer,
+                                    memory_budget_bytes=b, fuse=not args.no_fuse,
+                                    time_limit=args.time_limit or math.inf), budget)
+        plan, usable, replan = replan(planned), planned, (replan if auto else None)
+    plan = _verified(args, plan, sized, profile, built, replan=replan, usable=usable)
     return _finish(args, plan, profile, cluster, budget, given, spec, seq)
+
+
+def _verified(args: argparse.Namespace, plan: Plan, spec, profile, built, *, replan, usable: int | None) -> Plan:
+    """`plan` run once by the engine and, for auto, planned again until its verified peak
+    fits (`verify.loop`, [Note: the closed loop]); `--no-verify` says it is not."""
+    from shardsched.profile.resolve import build_model
+    from shardsched.verify.loop import checked_plan
+    from shardsched.verify.subject import Subject
+
+    def build(*, micro_batch: int, seq: int | None, real: bool):
+        return build_model(spec, micro_batch=micro_batch, seq=seq, measure=real, layers=args.layers)
+    subject = Subject(built.model if built else None, built.inputs if built else (), build)
+    return checked_plan(plan, subject=subject, replan=replan, usable=usable,
+                        analytic=profile.source == "analytic", enabled=not getattr(args, "no_verify", False))
 
 
 def _finish(args: argparse.Namespace, plan: Plan, profile, cluster: Cluster, budget, given: int | None, spec,
@@ -163,7 +188,10 @@ def _finish(args: argparse.Namespace, plan: Plan, profile, cluster: Cluster, bud
     plan = dataclasses.replace(plan, notes=plan.notes + tuple(profile.extra.get("notes", ())))
     if seq is None and spec.seq_note:
         plan = dataclasses.replace(plan, notes=plan.notes + (spec.seq_note,))
-    if given is not None and plan.predicted.peak_bytes > budget.usable:
+    if given is not None and plan.verified is not None and plan.verified.peak_bytes > budget.usable:
+        sys.stderr.write(f"shardsched plan: warning: verified peak {fmt_bytes(plan.verified.peak_bytes)} exceeds "
+                         f"the usable budget {fmt_bytes(budget.usable)}; try --strategy auto\n")
+    elif given is not None and plan.predicted.peak_bytes > budget.usable:
         # Reported, never silently accepted: the plan is still shown (and saved) for inspection.
         sys.stderr.write(f"shardsched plan: warning: predicted peak {fmt_bytes(plan.predicted.peak_bytes)} exceeds "
                          f"the usable budget {fmt_bytes(budget.usable)} (--memory-budget {fmt_bytes(given)} less "
@@ -204,11 +232,12 @@ def _sized(spec, *, micro_batch: int | None, seq: int | None):
 
 def _profile(spec, micro_batch: int, seq: int | None, args: argparse.Namespace, cluster: Cluster,
              precision: Precision):
-    """profile_for, with a model that fails when run for real (`--measure`) one line, not a
-    traceback: the model's own code raised, so the line names what it raised and the way out."""
+    """`profile.resolve.profiled` (the profile and the model it was taken from), with a model
+    that fails when run for real (`--measure`) one line, not a traceback: the model's own code
+    raised, so the line names what it raised and the way out."""
     try:
-        return profile_for(spec, micro_batch=micro_batch, seq=seq, device=cluster.device,
-                           precision=precision, measure=args.measure, layers=args.layers)
+        return profiled(spec, micro_batch=micro_batch, seq=seq, device=cluster.device,
+                        precision=precision, measure=args.measure, layers=args.layers)
     except (UsageError, KeyboardInterrupt, MemoryError):
         raise
     except Exception as e:  # noqa: BLE001 - the model's forward/backward under the measuring hooks

@@ -161,6 +161,16 @@ def budget_words(plan: Plan) -> str:
     return f"budget {given}, {usable} after {fmt_bytes(plan.headroom_bytes)} headroom"
 
 
+def verified_line(plan: Plan) -> str:
+    """The engine's peak beside the prediction (`shardsched.verify`), or why there is none."""
+    v = plan.verified
+    if v is None:
+        return "verified peak per worker: not verified (see the notes)"
+    err = (plan.predicted.peak_bytes / v.peak_bytes - 1) * 100 if v.peak_bytes else 0.0
+    return (f"verified peak per worker: {fmt_bytes(v.peak_bytes)} at {v.peak_at} ({v.engine} on {v.tensors} "
+            f"tensors; predicted {err:+.1f}%)")
+
+
 def summary_lines(plan: Plan) -> list[str]:
     p, m, s = plan.predicted, plan.predicted.memory, plan.solver
     lines = [
@@ -168,6 +178,7 @@ def summary_lines(plan: Plan) -> list[str]:
         f"  params {fmt_bytes(m.params)}, grads {fmt_bytes(m.grads)}, optimizer {fmt_bytes(m.optimizer)},",
         f"  activations {fmt_bytes(m.activations)}, comm buffers {fmt_bytes(m.comm_buffers)}",
         f"  model states (ZeRO's definition) {fmt_bytes(p.model_states_bytes)}",
+        verified_line(plan),
         f"predicted step: {fmt_seconds(p.step_seconds)} = compute {fmt_seconds(p.compute_seconds)} "
         f"+ exposed communication {fmt_seconds(p.exposed_comm_seconds)}",
         f"  lower bound max(compute, communication {fmt_seconds(p.comm_seconds)}) = {fmt_seconds(p.lower_bound_seconds)}",

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from shardsched.cost.device import DeviceSpec
 from shardsched.errors import UsageError
@@ -28,17 +29,31 @@ def profile_for(spec: ModelSpec, *, micro_batch: int, seq: int | None, device: D
     models; a profile measured on this machine with `measure` (cached, see `measured`).
     `layers`: `--layers`, the unit boundaries the user names (profile.layers, [Note: naming
     layers]); a GPT config is then traced, since its analytic profile has fixed layers."""
-    if micro_batch < 1:
-        raise UsageError(f"--micro-batch must be >= 1, got {micro_batch}")
-    if seq is not None and seq < 1:
-        raise UsageError(f"--seq must be >= 1, got {seq}")
-    dtype = compute_dtype(precision)
+    return profiled(spec, micro_batch=micro_batch, seq=seq, device=device, precision=precision, measure=measure,
+                    repeats=repeats, layers=layers).profile
+
+
+class Profiled(NamedTuple):
+    """A profile and the model it was taken from (None: a GPT config profiled analytically),
+    with one worker's example inputs: what `shardsched.verify` runs the plan on."""
+
+    profile: Profile
+    model: Any
+    inputs: tuple
+
+
+def build_model(spec: ModelSpec, *, micro_batch: int, seq: int | None, measure: bool = False,
+                layers: str | None = None, position_table: int | None = None) -> tuple[Any, tuple]:
+    """(model, example inputs) of `spec` as profiling builds it: GPT configs and `hf:` models
+    on the meta device (nothing allocated) unless `measure`; `python:` models as their code builds them.
+    `position_table`: a GPT config's learned position table as `train` sizes it (`train.config.model_config`)."""
     if spec.config is not None:
-        seq = seq or spec.config.seq
-        if not measure and layers is None:
-            return analytic_profile(spec.config, micro_batch=micro_batch, seq=seq, device=device,
-                                    compute_dtype=dtype, name=spec.name)
-        model, inputs = build_gpt(spec.config, micro_batch=micro_batch, seq=seq)
+        import torch
+        config = spec.config
+        if position_table and config.learned_pos:
+            config = dataclasses.replace(config, seq=position_table)
+        with torch.device("cpu" if measure else "meta"):
+            model, inputs = build_gpt(config, micro_batch=micro_batch, seq=seq or config.seq)
     elif spec.sized:
         model, inputs = spec.builder(micro_batch=micro_batch, seq=seq, device="cpu" if measure else "meta")
     else:
@@ -47,11 +62,45 @@ def profile_for(spec: ModelSpec, *, micro_batch: int, seq: int | None, device: D
         from shardsched.profile.layers import SPEC_ATTR, resolve_spec
         resolve_spec(model, layers)  # a name that matches nothing: one line, before any profiling
         setattr(model, SPEC_ATTR, layers)
-    if measure:
-        return measured(model, inputs, name=spec.name, repeats=repeats, compute_dtype=dtype)
-    from shardsched.profile.trace import trace_profile  # imports torch: only for code models
+    return model, inputs
 
-    return trace_profile(model, inputs, name=spec.name, device=device, compute_dtype=dtype)
+
+def profiled(spec: ModelSpec, *, micro_batch: int, seq: int | None, device: DeviceSpec, precision: Precision,
+             measure: bool = False, repeats: int = 3, layers: str | None = None) -> Profiled:
+    """`profile_for`, keeping the model it built."""
+    if micro_batch < 1:
+        raise UsageError(f"--micro-batch must be >= 1, got {micro_batch}")
+    if seq is not None and seq < 1:
+        raise UsageError(f"--seq must be >= 1, got {seq}")
+    dtype = compute_dtype(precision)
+    if spec.config is not None and not measure and layers is None:
+        seq = seq or spec.config.seq
+        return Profiled(analytic_profile(spec.config, micro_batch=micro_batch, seq=seq, device=device,
+                                         compute_dtype=dtype, name=spec.name), None, ())
+    model, inputs = build_model(spec, micro_batch=micro_batch, seq=seq, measure=measure, layers=layers)
+    if measure:
+        return Profiled(measured(model, inputs, name=spec.name, repeats=repeats, compute_dtype=dtype), model, inputs)
+    from shardsched.profile.trace import Untraceable, trace_profile  # imports torch: only for code models
+    try:
+        return Profiled(trace_profile(model, inputs, name=spec.name, device=device, compute_dtype=dtype), model, inputs)
+    except Untraceable as e:
+        return _measured_instead(spec, e, micro_batch=micro_batch, seq=seq, layers=layers, repeats=repeats,
+                                 dtype=dtype, model=model, inputs=inputs)
+
+
+def _measured_instead(spec: ModelSpec, why: Exception, *, micro_batch: int, seq: int | None, layers: str | None,
+                      repeats: int, dtype: str, model, inputs) -> Profiled:
+    """[Note: a model fake tensors cannot run] Its code reads tensor values (a boolean mask,
+    `.item()`): the profile is measured on this machine instead (bytes and seconds from a real
+    run, as `--measure`), and the plan says so in one line."""
+    if any(p.device.type == "meta" for p in model.parameters()):
+        model, inputs = build_model(spec, micro_batch=micro_batch, seq=seq, measure=True, layers=layers)
+    profile = measured(model, inputs, name=spec.name, repeats=repeats, compute_dtype=dtype)
+    op = str(why).split(": ", 1)[1].split("; accepted")[0] if ": " in str(why) else str(why)
+    note = (f"profiled by running the model on this machine (it cannot run on fake tensors: {op[:160]}): "
+            f"times are this machine's, not the --device preset's")
+    extra = {**profile.extra, "notes": (*profile.extra.get("notes", ()), note)}
+    return Profiled(dataclasses.replace(profile, extra=extra), model, inputs)
 
 
 def cache_dir() -> Path:

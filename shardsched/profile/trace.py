@@ -44,6 +44,7 @@ from shardsched.profile.attention_flops import CAUSAL_SDPA_FORMULAS
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.profile.held import HeldOutputs, OutputStatus, code_held
+from shardsched.profile.fake_rules import FakeRules as _FakeRules
 from shardsched.profile.workspace import ROOT_TAIL, BackwardWorkspace
 from shardsched.profile.workspace_terms import layer_workspace, outside_workspace
 from shardsched.runtime import sac
@@ -75,33 +76,9 @@ def _grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
 _CUSTOM = {**CAUSAL_SDPA_FORMULAS, _aten._grouped_mm: _grouped_mm_flops}
 
 
-class _FakeRules(TorchDispatchMode):
-    """Ops whose meta function refuses what their CPU kernel runs, given their output here.
-
-    [Note: MoE experts on fake tensors] transformers' MoE models (Mixtral, Qwen2-MoE, OLMoE)
-    run their experts through `torch._grouped_mm` (`experts_implementation="grouped_mm"`,
-    transformers/integrations/moe.py). Its CPU kernel takes float32, but its meta function
-    (torch/_meta_registrations.py `_meta_grouped_mm_common`) insists on bfloat16, so a fake
-    trace in float32 fails. The output's shape does not depend on the dtype: it is taken
-    from the meta function on bfloat16 stand-ins and returned empty in the real dtype. Sits
-    directly above FakeTensorMode, so the counting modes see one op and one output.
-    Any op that still fails is remembered (`failed`), so the error can name it."""
-
-    def __init__(self):
-        super().__init__()
-        self.failed: str | None = None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        try:
-            if func is _aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
-                a, b = (torch.empty(t.shape, dtype=torch.bfloat16) for t in args[:2])
-                shape = func(a, b, *args[2:], **{**kwargs, "out_dtype": None}).shape
-                return torch.empty(shape, dtype=kwargs.get("out_dtype") or args[0].dtype)
-            return func(*args, **kwargs)
-        except Exception:
-            self.failed = self.failed or str(func)
-            raise
+class Untraceable(UsageError):
+    """The model's code cannot run on fake tensors (a data-dependent op, `.item()`); the
+    message names the op. `profile.resolve.profiled` then measures it for real."""
 
 
 # [Note: HF causal masks on fake tensors]
@@ -465,7 +442,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         with _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, rules, _Counter(tracer), _Tagger(tracer), ws, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                loss = loss_of(torch.func.functional_call(model, state, fake_inputs, tie_weights=True))
+                loss = loss_of(torch.func.functional_call(model, dict(state), fake_inputs, tie_weights=True))
             ws.close_exits()  # the loss is computed: backward is not code between modules
             kept.clear()  # the graph holds what backward needs; activations must free as it runs
             tracer.stats.sac_forward = False
@@ -475,8 +452,8 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
     except Exception as e:  # data-dependent ops and the like: the model cannot be traced
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         op = f"op {rules.failed} failed " if rules.failed else ""
-        raise UsageError(f"cannot trace the model on fake tensors: {op}({type(e).__name__}: {msg[:200]}); "
-                         f"accepted: --measure to profile it on real tensors on this machine instead") from None
+        raise Untraceable(f"cannot trace the model on fake tensors: {op}({type(e).__name__}: {msg[:200]}); "
+                          f"accepted: --measure to profile it on real tensors on this machine instead") from None
     finally:
         tracer.stats.workspace.update(ws.finish())
         tracer.stats.forward_peak.update(ws.forward)
@@ -535,7 +512,7 @@ def _forward_without_saving(model: nn.Module, state: dict, inputs: tuple, names:
     keep = _KeepSaved() if keep_saved else contextlib.nullcontext()
     try:
         with ws, torch.no_grad(), keep:
-            torch.func.functional_call(model, state, inputs, tie_weights=True)
+            torch.func.functional_call(model, dict(state), inputs, tie_weights=True)
     finally:
         ws.finish()
     return ws.forward

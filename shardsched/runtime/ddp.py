@@ -32,7 +32,17 @@ def runs_on_ddp(plan: Plan) -> bool:
             and not any(u.checkpoint for u in plan.units))
 
 
-def replicate_with_ddp(model: nn.Module, *, mesh: DeviceMesh) -> nn.Module:
+def finds_unused(plan: Plan) -> bool:
+    """[Note: parameters without a gradient] DDP waits for every parameter's gradient before it
+    finishes a step's reduction; a parameter the loss never reaches (DINOv2's `mask_token`)
+    fails the second step ("Expected to have finished reduction in the prior iteration").
+    `find_unused_parameters` walks the autograd graph every step to mark such parameters
+    ready; it costs that walk, so it is on only where verification saw a parameter with no
+    gradient (`Verified.unused_params`), or where the plan was never verified."""
+    return plan.verified is None or bool(plan.verified.unused_params)
+
+
+def replicate_with_ddp(model: nn.Module, *, mesh: DeviceMesh, find_unused_parameters: bool = False) -> nn.Module:
     """DDP over `mesh`'s group, in place (composable replicate); returns `model`.
 
     Parameters are broadcast from rank 0 at the first forward, as DDP does."""
@@ -41,4 +51,4 @@ def replicate_with_ddp(model: nn.Module, *, mesh: DeviceMesh) -> nn.Module:
     # gradient_as_bucket_view: gradients live in DDP's reduction buckets instead of
     # beside them, so the all-reduce needs no second copy of the gradients.
     return replicate(model, process_group=mesh.get_group(), device_ids=device_ids,
-                     gradient_as_bucket_view=True)
+                     gradient_as_bucket_view=True, find_unused_parameters=find_unused_parameters)

@@ -41,8 +41,9 @@ from shardsched.plan.units import ROOT, tied_violation
 from shardsched.plan.validate import check_plan_layers
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.layers import tied_sets
-from shardsched.runtime.ddp import replicate_with_ddp, runs_on_ddp
+from shardsched.runtime.ddp import finds_unused, replicate_with_ddp, runs_on_ddp
 from shardsched.runtime.sac import selective_contexts
+from shardsched.runtime.scalars import average_scalar_grads, scalar_params
 
 
 def mp_policy(precision: Precision) -> MixedPrecisionPolicy:
@@ -70,7 +71,9 @@ def replicate_mesh(mesh: DeviceMesh, shard: int = 1) -> DeviceMesh:
     """The (world/shard, shard) replicate-by-shard mesh over the same workers: shard
     1 is DDP, shard gpus_per_node is HSDP (consecutive ranks form a node, as
     torchrun and SLURM number them)."""
-    return DeviceMesh(mesh.device_type, mesh.mesh.reshape(-1, shard), mesh_dim_names=("replicate", "shard"))
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    with unset_fake_temporarily():
+        return DeviceMesh(mesh.device_type, mesh.mesh.reshape(-1, shard), mesh_dim_names=("replicate", "shard"))
 
 
 def check_nodes(plan: Plan, world: int) -> None:
@@ -169,23 +172,25 @@ def parallelize(model: nn.Module, plan: Plan, *, mesh: DeviceMesh, ddp: bool = T
     check_plan(model, plan, mesh.size())
     checkpoint_layers(model, plan)
     if ddp and runs_on_ddp(plan):  # DDP's engine for plain data parallelism: see runtime/ddp.py
-        return replicate_with_ddp(model, mesh=mesh)
+        return replicate_with_ddp(model, mesh=mesh, find_unused_parameters=finds_unused(plan))
     check_nodes(plan, mesh.size())
     mp = mp_policy(plan.precision)
     meshes: dict[int, DeviceMesh] = {}  # shard size -> 2-D mesh, built once (each builds process groups)
     heads: dict[str, FSDPModule] = {}
+    scalars = scalar_params(model)  # kept out of sharding: [Note: scalar parameters] in runtime.scalars
     root = next((u for u in plan.units if u.layers == (ROOT,)), None)
     for unit in plan.units:
         if unit is root:
             continue  # `fully_shard(model)` below (plan/units.py, [Note: the root unit])
         modules = [model.get_submodule(name) for name in unit.layers]
-        fully_shard(modules if len(modules) > 1 else modules[0], mp_policy=mp,
+        fully_shard(modules if len(modules) > 1 else modules[0], mp_policy=mp, ignored_params=scalars or None,
                     **unit_kwargs(unit.strategy, mesh, meshes, plan.gpus_per_node))
         heads[unit.name] = modules[0]  # grouped units share one state, reached via the first
     # The root never reshards after forward (FSDP2 clears its post-forward mesh): its
     # strategy's mesh, reshard_after_forward=False (`plan.units.root_strategy`).
     kw = unit_kwargs(root.strategy, mesh, meshes, plan.gpus_per_node) if root is not None else dict(mesh=mesh)
-    fully_shard(model, mp_policy=mp, **{**kw, "reshard_after_forward": False})
+    fully_shard(model, mp_policy=mp, ignored_params=scalars or None, **{**kw, "reshard_after_forward": False})
+    average_scalar_grads(scalars, mesh.get_group())
     if root is not None:
         heads[root.name] = model
     apply_schedule(plan, heads)

@@ -29,6 +29,9 @@ class TrainConfig:
     """Per-worker memory budget the planner must respect, before `headroom` is taken off."""
     headroom: str | None = None
     """`--headroom` as given ("5%+1GiB"); None: the device preset's default (`cost.headroom`)."""
+    verify: bool = True
+    """Run the plan once under FSDP2 on fake tensors before training (`shardsched.verify`);
+    `--no-verify` skips it and the plan says it is unverified."""
     gpus_per_node: int | None = None
     """Workers per node (None: the whole world is one node); the plan carries it and
     the node-aware strategies shard inside, and replicate across, groups of this size."""

@@ -42,6 +42,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
       help="plan.json to apply (from `shardsched plan --json`; with --resume: default the saved run's plan)")
     a("--memory-budget", default=None, help="per-worker memory budget, e.g. 2GiB, 512MiB")
     add_headroom_argument(parser)
+    a("--no-verify", action="store_true",
+      help="skip running a plan made here once under FSDP2 on fake tensors before training (see `plan --no-verify`)")
     a("--gpus-per-node", type=int, default=None,
       help="workers per node; must divide the world (default: all workers on one node)")
     a("--run-dir", default=None, help="output directory (default runs/<timestamp>; with --resume: that run)")
@@ -103,7 +105,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     cfg = TrainConfig(**values, strategy=args.strategy, plan=args.plan, memory_budget_bytes=budget,
                       run_dir=run_dir, resume=args.resume, quiet=args.quiet,
                       log_every=getattr(args, "log_every", 0),
-                      gpus_per_node=getattr(args, "gpus_per_node", None))
+                      gpus_per_node=getattr(args, "gpus_per_node", None),
+                      verify=not getattr(args, "no_verify", False))
     check_config(cfg)  # ranges first: later checks (host memory, planning) assume them
     return cfg
 

@@ -113,14 +113,33 @@ def make_local_plan(cfg: TrainConfig, built: Built, *, world: int, profile: Prof
     from shardsched.plan.spec import parse_strategy_spec
     strategy = cfg.strategy or "auto"
     planned = budget.usable if budget.given is not None or parse_strategy_spec(strategy).auto else None
+    replan = None
     if chooses_batch(cfg):
         plan = stated(batch_plan(cfg, built, world=world, cluster=cluster, strategy=strategy, budget=planned,
                                  profile=profile), budget)
     else:
-        plan = stated(make_plan(profile, cluster, strategy=strategy, precision=precision,
-                                optimizer="adam", memory_budget_bytes=planned, accumulation=acc), budget)
+        def replan(b: int | None) -> Plan:
+            return stated(make_plan(profile, cluster, strategy=strategy, precision=precision,
+                                    optimizer="adam", memory_budget_bytes=b, accumulation=acc), budget)
+        plan, replan = replan(planned), (replan if parse_strategy_spec(strategy).auto else None)
+    plan = verified(cfg, plan, built, profile, replan=replan, usable=planned)
     # What was set on the model for training (models.hf.training_defaults), said in the plan.
     return dataclasses.replace(plan, notes=plan.notes + notes + tuple(profile.extra.get("notes", ())))
+
+
+def verified(cfg: TrainConfig, plan: Plan, built: Built, profile: Profile, *, replan, usable: int | None) -> Plan:
+    """`plan` run once by the engine before any step (`shardsched.verify`; an auto plan is
+    planned again until its verified peak fits, [Note: the closed loop]). A training worker
+    holds a process group, so the engine runs in a fresh interpreter that rebuilds the model
+    from `--model` (`verify.worker`)."""
+    from shardsched.verify.loop import checked_plan
+    from shardsched.verify.subject import Subject
+
+    def build(**_):
+        raise RuntimeError("a training worker verifies in a fresh interpreter")
+    subject = Subject(None, (), build, recipe={"model": cfg.model, "layers": cfg.layers, "position_table": cfg.seq})
+    return checked_plan(plan, subject=subject, replan=replan, usable=usable,
+                        analytic=profile.source == "analytic", enabled=cfg.verify)
 
 
 def chooses_batch(cfg: TrainConfig) -> bool:

@@ -1,0 +1,92 @@
+"""What verification runs a plan on: the model the profile was taken from, or the model
+rebuilt from its `--model` spec at the plan's shape.
+
+[Note: models that cannot run on fake tensors]
+A model whose own code reads tensor values (a loss over `logits[mask]`, `.item()`, CTC's
+input lengths) cannot run on fake tensors: the op raises a data-dependent error. It is then
+verified on real tensors on this machine, as the oracle tests measure (FSDP2 on the fake
+process group, FSDPMemTracker), and the plan says so (`Verified.tensors` "real"). A model
+profiled on the meta device is built for real first, when its parameters, gradients and
+Adam state (16 bytes a parameter) fit in a quarter of this machine's memory; otherwise the
+plan is returned unverified, with one note saying why.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any, Callable, NamedTuple
+
+from shardsched.core.types import Plan, Verified
+
+_DATA_DEPENDENT = ("DataDependentOutput", "DynamicOutputShape", "data-dependent", "UnsupportedOperatorException",
+                   "_local_scalar_dense", "nonzero")
+
+
+class Subject(NamedTuple):
+    """A model to verify plans on, and how to build it again."""
+
+    model: Any
+    """The profiled model (real, or on the meta device), or None: built by `build`."""
+    inputs: tuple
+    build: Callable[..., tuple[Any, tuple]]
+    """build(micro_batch=, seq=, real=) -> (model, inputs) at another shape, or on real tensors."""
+    recipe: dict | None = None
+    """{"model": --model spec, "layers": --layers}: how a fresh interpreter rebuilds the model,
+    for a caller with a process group of its own (`verify.worker`); None: always in-process."""
+
+
+def data_dependent(e: BaseException) -> bool:
+    text = f"{type(e).__name__}: {e}"
+    return any(k in text for k in _DATA_DEPENDENT)
+
+
+def _host_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def _on_meta(model) -> bool:
+    return any(p.device.type == "meta" for p in model.parameters())
+
+
+def model_for(subject: Subject, plan: Plan) -> tuple[Any, tuple]:
+    """The subject's model and inputs at the plan's micro-batch and sequence."""
+    from shardsched.profile.measure import batch_and_seq
+    if subject.model is not None and tuple(batch_and_seq(subject.inputs)) == (plan.micro_batch, plan.seq):
+        return subject.model, subject.inputs
+    return subject.build(micro_batch=plan.micro_batch, seq=plan.seq or None, real=False)
+
+
+def verifier(subject: Subject) -> Callable[[Plan], Verified]:
+    """verify(plan) -> Verified: on fake tensors, or for real when the model needs values
+    ([Note: models that cannot run on fake tensors]); raises `Unverifiable` when neither can."""
+    from shardsched.verify.engine import verify_plan
+
+    def verify(plan: Plan) -> Verified:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():  # [Note: the fake world is this process's own]
+            if subject.recipe is None:
+                raise Unverifiable("this process holds a process group and the model has no --model spec "
+                                   "to verify it elsewhere")
+            from shardsched.verify.worker import verify_elsewhere
+            return verify_elsewhere(subject.recipe, plan)
+        model, inputs = model_for(subject, plan)
+        try:
+            return verify_plan(model, inputs, plan)
+        except Exception as e:  # noqa: BLE001 - only data-dependent ops go on to a real run
+            if not data_dependent(e):
+                raise
+        if _on_meta(model):
+            params = sum(p.numel() for p in model.parameters())
+            if 16 * params > _host_bytes() // 4:
+                raise Unverifiable(f"its code reads tensor values (data-dependent ops) and its {params:,} "
+                                   f"parameters are too large to run for real on this machine")
+            model, inputs = subject.build(micro_batch=plan.micro_batch, seq=plan.seq or None, real=True)
+        return verify_plan(copy.deepcopy(model), inputs, plan, tensors="real")
+    return verify
+
+
+class Unverifiable(Exception):
+    """The plan cannot be run by the engine here; the message says why (one line)."""

@@ -1,0 +1,169 @@
+"""Models written by hand, as users write them, with the structures issue 26 found missed or
+refused: a scalar parameter (CLIP's logit_scale), an unused parameter (DINOv2's mask_token),
+one layer object at two places, a boolean-mask loss and scatter message passing (a GNN),
+a fused RNN (nn.LSTM, nn.GRU), nn.TransformerEncoderLayer, frozen parameters.
+
+Each `build_*` is a `python:` builder: it returns (model, example_inputs) with
+`model(*example_inputs)` the scalar loss, and takes the keyword arguments it declares."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+class Clip(nn.Module):
+    """Two towers and a learned temperature: a 0-dim parameter FSDP2 cannot shard."""
+
+    def __init__(self, d: int = 64, depth: int = 2):
+        super().__init__()
+        self.image = nn.Sequential(*[nn.Sequential(nn.Linear(d, d), nn.GELU()) for _ in range(depth)])
+        self.text = nn.Sequential(*[nn.Sequential(nn.Linear(d, d), nn.GELU()) for _ in range(depth)])
+        self.logit_scale = nn.Parameter(torch.tensor(2.659))
+
+    def forward(self, img: torch.Tensor, txt: torch.Tensor) -> torch.Tensor:
+        a, b = F.normalize(self.image(img), dim=-1), F.normalize(self.text(txt), dim=-1)
+        logits = self.logit_scale.exp() * a @ b.t()
+        labels = torch.arange(a.shape[0])
+        return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2
+
+
+def build_clip(micro_batch: int = 16, d: int = 64):
+    g = _gen()
+    return Clip(d), (torch.randn(micro_batch, d, generator=g), torch.randn(micro_batch, d, generator=g))
+
+
+class Dino(nn.Module):
+    """A ViT-like encoder holding a `mask_token` that the training loss never uses."""
+
+    def __init__(self, d: int = 64, depth: int = 2, patches: int = 16):
+        super().__init__()
+        self.embed = nn.Linear(48, d)
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, d))
+        self.pos = nn.Parameter(torch.zeros(1, patches, d))
+        self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(d, 4, 2 * d, batch_first=True, dropout=0.0)
+                                    for _ in range(depth))
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) + self.pos
+        for b in self.blocks:
+            h = b(h)
+        return F.cross_entropy(self.head(h.mean(1)), y)
+
+
+def build_dino(micro_batch: int = 4):
+    g = _gen()
+    return Dino(), (torch.randn(micro_batch, 16, 48, generator=g), torch.randint(0, 10, (micro_batch,), generator=g))
+
+
+class SharedLayers(nn.Module):
+    """One decoder-layer object registered at two positions: layers = [L0, L1, L0, L1]."""
+
+    def __init__(self, d: int = 64, vocab: int = 256):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        l0, l1 = (nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(2))
+        self.layers = nn.ModuleList([l0, l1, l0, l1])
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        h = self.embed(idx)
+        for layer in self.layers:
+            h = h + layer(h)
+        return F.cross_entropy(self.head(h).flatten(0, 1), targets.flatten())
+
+
+def build_shared(micro_batch: int = 4, seq: int = 32):
+    g = _gen()
+    return SharedLayers(), (torch.randint(0, 256, (micro_batch, seq), generator=g),
+                            torch.randint(0, 256, (micro_batch, seq), generator=g))
+
+
+class MessagePassing(nn.Module):
+    """One GNN layer: messages gathered along edges and scattered back with index_add_."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.msg, self.upd = nn.Linear(d, d), nn.Linear(2 * d, d)
+
+    def forward(self, h: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+        agg = torch.zeros_like(h).index_add_(0, dst, F.relu(self.msg(h[src])))
+        return F.relu(self.upd(torch.cat([h, agg], -1)))
+
+
+class Gnn(nn.Module):
+    """Node classification whose loss reads a boolean node mask (`logits[mask]`)."""
+
+    def __init__(self, d_in: int = 32, d: int = 64, depth: int = 3, classes: int = 7):
+        super().__init__()
+        self.inp = nn.Linear(d_in, d)
+        self.layers = nn.ModuleList(MessagePassing(d) for _ in range(depth))
+        self.out = nn.Linear(d, classes)
+
+    def forward(self, x, src, dst, y, mask):
+        h = self.inp(x)
+        for layer in self.layers:
+            h = layer(h, src, dst)
+        return F.cross_entropy(self.out(h)[mask], y[mask])
+
+
+def build_gnn(nodes: int = 400, edges: int = 2000):
+    g = _gen()
+    mask = torch.rand(nodes, generator=g) < 0.5
+    return Gnn(), (torch.randn(nodes, 32, generator=g), torch.randint(0, nodes, (edges,), generator=g),
+                   torch.randint(0, nodes, (edges,), generator=g), torch.randint(0, 7, (nodes,), generator=g), mask)
+
+
+class RnnLM(nn.Module):
+    """A tied LSTM (or GRU) language model: a fused RNN kernel between two tied tables."""
+
+    def __init__(self, vocab: int = 512, d: int = 128, layers: int = 2, cell: str = "lstm"):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.rnn = (nn.LSTM if cell == "lstm" else nn.GRU)(d, d, num_layers=layers, batch_first=True)
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        h, _ = self.rnn(self.embed(idx))
+        return F.cross_entropy(self.head(self.norm(h)).flatten(0, 1), targets.flatten())
+
+
+def build_lstm(micro_batch: int = 4, seq: int = 64, cell: str = "lstm"):
+    g = _gen()
+    return RnnLM(cell=cell), (torch.randint(0, 512, (micro_batch, seq), generator=g),
+                              torch.randint(0, 512, (micro_batch, seq), generator=g))
+
+
+def build_gru(micro_batch: int = 4, seq: int = 64):
+    return build_lstm(micro_batch, seq, cell="gru")
+
+
+class EncoderViT(nn.Module):
+    """A ViT from nn.TransformerEncoderLayer(batch_first=True, norm_first=True), with frozen
+    sinusoidal-like positions (requires_grad=False, as Pegasus' position tables)."""
+
+    def __init__(self, d: int = 96, depth: int = 3, patches: int = 64, classes: int = 10):
+        super().__init__()
+        self.patch = nn.Linear(48, d)
+        self.pos = nn.Parameter(torch.randn(1, patches, d), requires_grad=False)
+        self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True,
+                                                               norm_first=True) for _ in range(depth))
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.patch(x) + self.pos
+        for b in self.blocks:
+            h = b(h)
+        return F.cross_entropy(self.head(h.mean(1)), y)
+
+
+def build_vit(micro_batch: int = 8):
+    g = _gen()
+    return EncoderViT(), (torch.randn(micro_batch, 64, 48, generator=g), torch.randint(0, 10, (micro_batch,), generator=g))
