@@ -174,6 +174,8 @@ class Calibrated(NamedTuple):
     """The preset with every figure measured here replaced (`calibrate.fitted_device`)."""
     fit: dict
     seconds: float
+    at_scale: dict
+    """Matmul efficiency and optimizer bandwidth at a 1B model's sizes (`at_scale`)."""
 
 
 def calibrate(*, mesh, device: torch.device, dtype: torch.dtype, repeats: int) -> Calibrated:
@@ -189,25 +191,52 @@ def calibrate(*, mesh, device: torch.device, dtype: torch.dtype, repeats: int) -
     optimizer = cal.time_optimizer(device=device, repeats=repeats)
     overhead = cal.time_unit_overhead(mesh=mesh, device=device, repeats=repeats)
     preset = DEVICES[cal.machine_preset()]
+    at_rest = state_bytes(Precision.FP32, Optimizer.ADAM).at_rest
     got = cal.fitted_device(preset, samples=[], compute=compute, optimizer=optimizer,
                             unit_overhead=overhead.per_unit, tensor_overhead=overhead.per_tensor, world=1,
-                            state_bytes_at_rest=state_bytes(Precision.FP32, Optimizer.ADAM).at_rest)
-    return Calibrated(preset=preset, device=got.device, fit=got.fit, seconds=time.perf_counter() - t0)
+                            state_bytes_at_rest=at_rest)
+    scale = at_scale(device=device, dtype=dtype, repeats=repeats, peak_flops=preset.peak_flops,
+                     state_bytes_at_rest=at_rest)
+    return Calibrated(preset=preset, device=got.device, fit=got.fit, seconds=time.perf_counter() - t0,
+                      at_scale=scale)
 
 
-def calibration_rows(c: Calibrated) -> list[tuple[str, str, str]]:
-    """(figure, preset, calibrated) for the figures the planner prices steps with."""
+def at_scale(*, device: torch.device, dtype: torch.dtype, repeats: int, peak_flops: float,
+             state_bytes_at_rest: int) -> dict:
+    """One large matmul's efficiency and one large AdamW step's bandwidth, beside the
+    calibration: its shapes (`calibrate.MATMULS`, 1M optimizer parameters) are a small layer's,
+    which on a GPU time kernel launches more than the device. Not used by any plan: it says
+    how far the calibrated figures are from what a 1B model's kernels meet."""
+    from shardsched.profile import calibrate as cal
+    big = device.type == "cuda"
+    sync = torch.cuda.synchronize if big else (lambda: None)
+    n = 8192 if big else 512
+    x, w = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    seconds = cal.typical(lambda: x @ w, repeats=repeats, sync=sync)
+    del x, w
+    params, opt_seconds = cal.time_optimizer(device=device, params=(1 << 28) if big else (1 << 20),
+                                             repeats=repeats)
+    return {"matmul": {"n": n, "seconds": seconds, "efficiency": 2 * n ** 3 / seconds / peak_flops},
+            "optimizer": {"params": params, "seconds": opt_seconds,
+                          "memory_bandwidth": 2 * state_bytes_at_rest * params / opt_seconds}}
+
+
+def calibration_rows(c: Calibrated) -> list[tuple[str, str, str, str]]:
+    """(figure, preset, calibrated, at scale) for the figures the planner prices steps with."""
     def eff(spec, cls: str) -> str:
         return f"{spec.efficiency.get(cls, spec.mfu):.3f}"
-    rows = [(f"{cls} efficiency (of {c.preset.peak_flops / 1e12:g} TFLOP/s)", eff(c.preset, cls), eff(c.device, cls))
-            for cls in ("matmul", "attention", "other")]
-    rows.append(("memory bandwidth (GB/s)", f"{c.preset.memory_bandwidth / 1e9:.0f}",
-                 f"{c.device.memory_bandwidth / 1e9:.0f}"))
-    rows.append(("FSDP2 host time per unit (ms)", f"{c.preset.unit_overhead_seconds * 1e3:.3f}",
-                 f"{c.device.unit_overhead_seconds * 1e3:.3f}"))
-    rows.append(("FSDP2 host time per tensor (ms)", f"{c.preset.tensor_overhead_seconds * 1e3:.3f}",
-                 f"{c.device.tensor_overhead_seconds * 1e3:.3f}"))
-    return rows
+    big = c.at_scale
+    return [
+        (f"matmul efficiency (of {c.preset.peak_flops / 1e12:g} TFLOP/s)", eff(c.preset, "matmul"),
+         eff(c.device, "matmul"), f"{big['matmul']['efficiency']:.3f} ({big['matmul']['n']}^3)"),
+        *[(f"{cls} efficiency", eff(c.preset, cls), eff(c.device, cls), "") for cls in ("attention", "other")],
+        ("memory bandwidth (GB/s)", f"{c.preset.memory_bandwidth / 1e9:.0f}", f"{c.device.memory_bandwidth / 1e9:.0f}",
+         f"{big['optimizer']['memory_bandwidth'] / 1e9:.0f} ({big['optimizer']['params'] >> 20}M params)"),
+        ("FSDP2 host time per unit (ms)", f"{c.preset.unit_overhead_seconds * 1e3:.3f}",
+         f"{c.device.unit_overhead_seconds * 1e3:.3f}", ""),
+        ("FSDP2 host time per tensor (ms)", f"{c.preset.tensor_overhead_seconds * 1e3:.3f}",
+         f"{c.device.tensor_overhead_seconds * 1e3:.3f}", ""),
+    ]
 
 
 def calibration_block(c: Calibrated | None, error: str | None) -> dict:
@@ -215,7 +244,8 @@ def calibration_block(c: Calibrated | None, error: str | None) -> dict:
         return {"error": error}
     from shardsched._json import to_dict
     return {"preset": c.preset.name, "seconds": c.seconds, "fit": c.fit, "calibrated_device": to_dict(c.device),
-            "table": [dict(zip(("figure", "preset", "calibrated"), r)) for r in calibration_rows(c)]}
+            "at_scale": c.at_scale,
+            "table": [dict(zip(("figure", "preset", "calibrated", "at scale"), r)) for r in calibration_rows(c)]}
 
 
 # ---------------------------------------------------------------- planning
@@ -433,8 +463,9 @@ def table_cells(r: Row) -> tuple[str, ...]:
 def markdown(rows: list[Row], calibration: dict, header: str) -> str:
     lines = [f"# gpu_check: {header}", ""]
     if "table" in calibration:
-        lines += ["| figure | preset | calibrated |", "|---|---:|---:|"]
-        lines += [f"| {c['figure']} | {c['preset']} | {c['calibrated']} |" for c in calibration["table"]]
+        lines += ["| figure | preset | calibrated | at scale (not used by plans) |", "|---|---:|---:|---:|"]
+        lines += [f"| {c['figure']} | {c['preset']} | {c['calibrated']} | {c['at scale']} |"
+                  for c in calibration["table"]]
         lines.append("")
     elif calibration.get("error"):
         lines += [f"calibration failed: {calibration['error']}", ""]
@@ -522,7 +553,8 @@ def print_calibration(block: dict) -> None:
         return
     print(f"calibration ({block['seconds']:.1f} s) against preset {block['preset']}:")
     for c in block["table"]:
-        print(f"  {c['figure']:<44} preset {c['preset']:>10}   calibrated {c['calibrated']:>10}")
+        print(f"  {c['figure']:<38} preset {c['preset']:>8}   calibrated {c['calibrated']:>8}   "
+              f"at scale {c['at scale']}")
     sys.stdout.flush()
 
 
