@@ -133,6 +133,9 @@ class Row:
     measured_allocated_bytes: int | None = None
     measured_reserved_bytes: int | None = None
     """CUDA only: what the caching allocator held (allocated + its cached blocks)."""
+    baseline_allocated_bytes: int | None = None
+    """CUDA only: allocated before the model was built, part of the measured peak and of no plan:
+    PyTorch allocates cuBLAS's workspaces (32 MiB per handle on Hopper) through its allocator."""
     allocated_ratio: float | None = None
     reserved_ratio: float | None = None
     """measured reserved / predicted with headroom: above 1, the headroom is too small."""
@@ -149,6 +152,8 @@ class Measured(NamedTuple):
     allocated: int
     reserved: int | None
     step_seconds: float
+    baseline: int | None = None
+    """CUDA: bytes allocated before the model was built (cuBLAS workspaces, anything left)."""
 
 
 def _ratio(measured, predicted) -> float | None:
@@ -376,8 +381,10 @@ def time_cpu(step: Callable[[int], None], *, steps: int) -> float:
 
 def run_case(planner: Planner, case: Case, plan, mesh) -> Measured:
     if planner.setup.device == "cuda":
-        return with_model(planner, case, plan, mesh, lambda m, i, o: measure_cuda(step_fn(m, i, o),
-                                                                                  steps=planner.setup.steps))
+        baseline = torch.cuda.memory_allocated()
+        got = with_model(planner, case, plan, mesh, lambda m, i, o: measure_cuda(step_fn(m, i, o),
+                                                                                 steps=planner.setup.steps))
+        return got._replace(baseline=baseline)
     # CPU: memory and time on two fresh models; FSDPMemTracker leaves hooks behind that
     # break the steps after it (its `winfo` bookkeeping raises KeyError on fake groups).
     peak = with_model(planner, case, plan, mesh, lambda m, i, o: tracked_peak(step_fn(m, i, o), m, i, o))
@@ -426,7 +433,7 @@ def measure_row(planner: Planner, case: Case, *, mesh, calibrated: Calibrated | 
         row = dataclasses.replace(row, **predicted_fields(plan, cal_plan, preset))
         got = run_case(planner, case, plan, mesh)
         row = dataclasses.replace(row, measured_allocated_bytes=got.allocated, measured_reserved_bytes=got.reserved,
-                                  measured_step_seconds=got.step_seconds)
+                                  measured_step_seconds=got.step_seconds, baseline_allocated_bytes=got.baseline)
     except Exception as e:  # noqa: BLE001 - one row's failure must not cost the others
         row = dataclasses.replace(row, error=f"{type(e).__name__}: {str(e)[:300]}")
         traceback.print_exc(file=sys.stderr)
@@ -449,14 +456,15 @@ def _ms(s: float | None) -> str:
     return "" if s is None else f"{s * 1e3:.1f}"
 
 
-COLUMNS = ("world", "batch x seq", "strategy", "units", "peak at", "pred MiB", "alloc MiB", "alloc/pred",
+COLUMNS = ("world", "batch x seq", "strategy", "units", "peak at", "pred MiB", "alloc MiB", "of which before", "alloc/pred",
            "pred+headroom MiB", "reserved MiB", "reserved/(pred+hr)", "step ms", "pred ms (preset)",
            "step/pred", "pred ms (calibrated)", "step/pred cal", "error")
 
 
 def table_cells(r: Row) -> tuple[str, ...]:
     return (str(r.world), f"{r.micro_batch} x {r.seq}", r.strategy, str(r.units or ""), r.peak_at or "",
-            _mib(r.predicted_peak_bytes), _mib(r.measured_allocated_bytes), _x(r.allocated_ratio),
+            _mib(r.predicted_peak_bytes), _mib(r.measured_allocated_bytes), _mib(r.baseline_allocated_bytes),
+            _x(r.allocated_ratio),
             _mib(r.predicted_with_headroom_bytes), _mib(r.measured_reserved_bytes), _x(r.reserved_ratio),
             _ms(r.measured_step_seconds), _ms(r.predicted_step_seconds), _x(r.step_ratio),
             _ms(r.predicted_step_seconds_calibrated), _x(r.step_ratio_calibrated), (r.error or "")[:80])
