@@ -19,15 +19,24 @@ from shardsched.profile.analytic import causal_share
 _aten = torch.ops.aten
 
 
+def _query_heads(query, *shapes) -> tuple:
+    """`shapes` (batch, heads, seq, dim) with the query's heads: grouped-query attention
+    broadcasts each K/V head to its group of query heads, so the work is per query head.
+    torch >= 2.12's counters take fewer K/V heads and count exactly this; torch 2.11's
+    assert equal heads, and a GQA model (Llama with num_key_value_heads) failed to trace."""
+    return tuple((s[0], query[1], *s[2:]) for s in shapes)
+
+
 def _flash_cpu(query, key, value, dropout_p=0.0, is_causal=False, *args, out_val=None, **kwargs) -> int:
     """aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal, ...)."""
-    return int(fc.sdpa_flop_count(query, key, value) * causal_share(query[-2], key[-2], is_causal))
+    return int(fc.sdpa_flop_count(query, *_query_heads(query, key, value))
+               * causal_share(query[-2], key[-2], is_causal))
 
 
 def _flash_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p=0.0, is_causal=False, *args,
                         out_val=None, **kwargs) -> int:
     """aten._scaled_dot_product_flash_attention_for_cpu_backward(grad_out, q, k, v, out, lse, dropout_p, is_causal)."""
-    return int(fc.sdpa_backward_flop_count(grad_out, query, key, value)
+    return int(fc.sdpa_backward_flop_count(grad_out, query, *_query_heads(query, key, value))
                * causal_share(query[-2], key[-2], is_causal))
 
 

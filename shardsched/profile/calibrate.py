@@ -137,7 +137,8 @@ def machine_preset() -> str:
     if not torch.cuda.is_available():
         return "cpu"
     name = torch.cuda.get_device_name().lower()
-    return next((k for k in ("h100", "a100", "v100") if k in name), "a100")
+    # "h200" first: an H200 ("NVIDIA H200") has its own preset (141 GB, HBM3e bandwidth).
+    return next((k for k in ("h200", "h100", "a100", "v100") if k in name), "a100")
 
 
 def _syncer(device: torch.device) -> Callable[[], None]:
