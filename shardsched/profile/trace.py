@@ -363,6 +363,33 @@ def _fake_state(model: nn.Module, dtype: torch.dtype, mode: FakeTensorMode) -> d
     return state
 
 
+def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` with each tensor under its first name only: `functional_call(tie_weights=True)`
+    ties the other names itself."""
+    seen: set[int] = set()
+    out = {}
+    for k, t in state.items():
+        if id(t) not in seen:
+            seen.add(id(t))
+            out[k] = t
+    return out
+
+
+@contextlib.contextmanager
+def _restored(model: nn.Module):
+    """[Note: one module object at two places] `functional_call` swaps each name in and back
+    out in turn; a module registered twice (`layers = [L0, L1, L0, L1]`) is swapped twice, so
+    its second restore puts back the fake of the first swap, and the caller's model kept fake
+    parameters (its next `.to()` failed). Every module's own tensors are put back here."""
+    saved = [(m, dict(m._parameters), dict(m._buffers)) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, params, buffers in saved:
+            m._parameters.update(params)
+            m._buffers.update(buffers)
+
+
 def _module_params(state: dict[str, torch.Tensor], modules: list[str]) -> dict[str, list[torch.Tensor]]:
     """Per module path, the (fake) parameters under it that need a gradient, each once."""
     out = {}
@@ -439,10 +466,10 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         return t
 
     try:
-        with _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, rules, _Counter(tracer), _Tagger(tracer), ws, warnings.catch_warnings():
+        with _restored(model), _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, rules, _Counter(tracer), _Tagger(tracer), ws, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                loss = loss_of(torch.func.functional_call(model, dict(state), fake_inputs, tie_weights=True))
+                loss = loss_of(torch.func.functional_call(model, _untied(state), fake_inputs, tie_weights=True))
             ws.close_exits()  # the loss is computed: backward is not code between modules
             kept.clear()  # the graph holds what backward needs; activations must free as it runs
             tracer.stats.sac_forward = False
@@ -461,7 +488,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         tracer.stats.recall.update(ws.recall)
         tracer.stats.bucketed.update(ws.bucketed)
         tracer.remove()
-    with _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, rules, warnings.catch_warnings():
+    with _restored(model), _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, rules, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for keep, out in ((False, tracer.stats.forward_nosave), (True, tracer.stats.forward_sac)):
             held = None if keep else HeldOutputs(model, names)  # [Note: outputs the caller's code holds]
@@ -512,7 +539,7 @@ def _forward_without_saving(model: nn.Module, state: dict, inputs: tuple, names:
     keep = _KeepSaved() if keep_saved else contextlib.nullcontext()
     try:
         with ws, torch.no_grad(), keep:
-            torch.func.functional_call(model, dict(state), inputs, tie_weights=True)
+            torch.func.functional_call(model, _untied(state), inputs, tie_weights=True)
     finally:
         ws.finish()
     return ws.forward
