@@ -5,6 +5,7 @@ is implemented; these compose those pieces the way `shardsched plan` does.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
@@ -50,8 +51,9 @@ def plan_model(model: "nn.Module", example_inputs: Sequence[Any], *, world: int,
     planned = usable.usable if budget or auto else None  # as `plan` does
 
     def replan(b: int | None) -> "Plan":
-        return stated(make_plan(profile, cluster, strategy=strategy, precision=precision,
+        plan = stated(make_plan(profile, cluster, strategy=strategy, precision=precision,
                                 memory_budget_bytes=b, time_limit=time_limit), usable)
+        return dataclasses.replace(plan, notes=plan.notes + tuple(profile.extra.get("notes", ())))
     from shardsched.verify.loop import checked_plan
     from shardsched.verify.subject import Subject
 
