@@ -211,6 +211,10 @@ class Plan:
     notes: tuple[str, ...] = ()
     """Human-readable remarks: why strategies were chosen, oversized layers, ..."""
     extra: dict = field(default_factory=dict)
+    # issue 27 (s11-solve): kept apart, with a default, so plans without it still load
+    strategy_spec: str = ""
+    """A `--strategy` that `make_plan` turns into this plan's units, strategies, checkpointing and
+    launches ([Note: exact specs] in plan/spec.py); "" where none was recorded."""
 
     def unit(self, name: str) -> Unit:
         for u in self.units:

@@ -13,6 +13,7 @@ Pipeline (all judged by the simulator, `sim.simulate`, the ground truth):
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -20,12 +21,12 @@ from shardsched._fmt import fmt_bytes
 from shardsched.cost.device import Cluster
 from shardsched.errors import UsageError
 from shardsched.solve.baselines import Scored, uniform_baselines
-from shardsched.solve.candidates import Problem, candidate_problems, finest_problem
+from shardsched.solve.candidates import Choice, Problem, candidate_problems, finest_problem
 from shardsched.solve.greedy import least_memory
 from shardsched.solve.named import one_override_plans
 from shardsched.solve.search import (CONTEND_UNITS, FULL_WINDOW_UNITS, Effort, Search, ahead_for, local_polish,
                                      search, with_baseline_groupings)
-from shardsched.plan.spec import StrategySpec
+from shardsched.plan.spec import StrategySpec, exact_spec
 from shardsched.core.types import Checkpoint, Optimizer, Plan, Precision, SolverInfo, Strategy
 from shardsched.profile.types import Profile
 from shardsched.sim.memory import step_memory
@@ -128,9 +129,18 @@ def plan_of(found: Search, profile: Profile, *, base: list[Scored], problems: li
                         gap=found.gap, bound=found.bound, seconds=time.perf_counter() - t0,
                         search_space=search_space(problems, effort, pins, found.named))
     notes = explain(best, baselines=base, budget=budget, candidates=len(problems), pins=pins) + list(found.notes)
-    return plan_from_scenario(best.problem.scenario(best.choice), profile=profile,
+    plan = plan_from_scenario(best.problem.scenario(best.choice), profile=profile,
                               memory_budget_bytes=memory_budget_bytes, solver=solver, precision=precision,
                               optimizer=optimizer, notes=tuple(notes))
+    return dataclasses.replace(plan, strategy_spec=spec_of(best.problem, best.choice))
+
+
+def spec_of(p: Problem, ch: Choice) -> str:
+    """The `--strategy` that gives this schedule back (`plan.spec.exact_spec`)."""
+    owner = {c.name: layer.name for layer in p.profile.layers for c in layer.children}
+    ckpt = ch.ckpt or (False,) * p.n
+    return exact_spec([(c.layers, k, Checkpoint(m), f, b) for c, k, m, f, b
+                       in zip(p.costs, ch.strategies, ckpt, ch.fwd, ch.bwd)], owner)
 
 
 def least_memory_peak(profile: Profile, cluster: Cluster, *, precision: Precision, optimizer: Optimizer,
