@@ -44,6 +44,19 @@ def auto_search(profile: Profile, cluster: Cluster, *, spec: StrategySpec, preci
                 optimizer: Optimizer, budget: int, effort: Effort = Effort(), time_limit: float = math.inf,
                 seeds: tuple[Scored, ...] = (), accumulation=None) -> tuple[Search, list[Scored], list[Problem], dict]:
     """The search of `auto_plan` (the sweep calls it directly to pass `seeds` along)."""
+    base, problems, pins = declared_space(profile, cluster, spec=spec, precision=precision, optimizer=optimizer,
+                                          accumulation=accumulation)
+    kw = dict(pins=pins, precision=precision, optimizer=optimizer)
+    found = search(problems, budget=budget, base=base, seeds=seeds, effort=effort, time_limit=time_limit)
+    if found is None:
+        raise InfeasibleBudget(infeasible_message(profile, cluster, budget=budget, problems=problems, **kw))
+    found = never_beaten(found, profile, cluster, budget=budget, effort=effort, accumulation=accumulation, **kw)
+    return found, base, problems, pins
+
+
+def declared_space(profile: Profile, cluster: Cluster, *, spec: StrategySpec, precision: Precision,
+                   optimizer: Optimizer, accumulation=None) -> tuple[list[Scored], list[Problem], dict]:
+    """The uniform baselines, the groupings searched and the spec's pins (none depends on the budget)."""
     pins = {k: v for k, v in spec.for_layers([layer.name for layer in profile.layers]).items() if v is not None}
     kw = dict(pins=pins, precision=precision, optimizer=optimizer)
     base = uniform_baselines(profile, cluster, **kw)
@@ -55,12 +68,7 @@ def auto_search(profile: Profile, cluster: Cluster, *, spec: StrategySpec, preci
     if accumulation:  # (K, GradSync): every schedule priced for K micro-batches per step
         from shardsched.solve.batch import accumulating
         base, problems = accumulating(base, problems, accumulation)
-    problems = with_baseline_groupings(problems, base, pins)
-    found = search(problems, budget=budget, base=base, seeds=seeds, effort=effort, time_limit=time_limit)
-    if found is None:
-        raise InfeasibleBudget(infeasible_message(profile, cluster, budget=budget, problems=problems, **kw))
-    found = never_beaten(found, profile, cluster, budget=budget, effort=effort, accumulation=accumulation, **kw)
-    return found, base, problems, pins
+    return base, with_baseline_groupings(problems, base, pins), pins
 
 
 def never_beaten(found: Search, profile: Profile, cluster: Cluster, *, pins: dict, precision: Precision,
