@@ -50,7 +50,8 @@ def auto_search(profile: Profile, cluster: Cluster, *, spec: StrategySpec, preci
     found = search(problems, budget=budget, base=base, seeds=seeds, effort=effort, time_limit=time_limit)
     if found is None:
         raise InfeasibleBudget(infeasible_message(profile, cluster, budget=budget, problems=problems, **kw))
-    found = never_beaten(found, profile, cluster, budget=budget, effort=effort, accumulation=accumulation, **kw)
+    found = never_beaten(found, profile, cluster, budget=budget, effort=effort, accumulation=accumulation,
+                         word_peaks={s.name: s.peak for s in base}, **kw)
     return found, base, problems, pins
 
 
@@ -72,7 +73,8 @@ def declared_space(profile: Profile, cluster: Cluster, *, spec: StrategySpec, pr
 
 
 def never_beaten(found: Search, profile: Profile, cluster: Cluster, *, pins: dict, precision: Precision,
-                 optimizer: Optimizer, budget: int, effort: Effort, accumulation=None) -> Search:
+                 optimizer: Optimizer, budget: int, effort: Effort, accumulation=None,
+                 word_peaks: dict[str, int] | None = None) -> Search:
     """The search's plan, or the fastest fitting plan `--strategy` can name (a uniform word with at
     most one override: [Note: plans a user can name] in `solve/named.py`) where one is faster,
     polished (`search.local_polish`) in its grouping. Either way no such plan is faster. Under
@@ -80,7 +82,7 @@ def never_beaten(found: Search, profile: Profile, cluster: Cluster, *, pins: dic
     if accumulation:
         return found
     named, count = one_override_plans(profile, cluster, pins=pins, precision=precision, optimizer=optimizer,
-                                      budget=budget, best=found.best.seconds)
+                                      budget=budget, best=found.best.seconds, word_peaks=word_peaks)
     found = found._replace(named=count)
     if named is None:
         return found

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from shardsched.cost.device import Cluster
 from shardsched.core.types import Checkpoint, Optimizer, Precision, Strategy
+from shardsched.cost.memory import state_bytes
 from shardsched.plan.units import ROOT, group_layers, root_strategy, unit_cost, unit_name
 from shardsched.profile.types import Profile
 from shardsched.sim.scenario import default_launch
@@ -129,11 +130,36 @@ def named_variants(profile: Profile, cluster: Cluster, *, pins: dict, precision:
             yield strategy, mode, per_layer, split, next(u for u, g in enumerate(split) if j in g)
 
 
+def unit_bytes(p: Problem, i: int, k: Strategy) -> int:
+    """More than unit i adds to any moment of the step under strategy k (the word's), whatever its
+    checkpointing or launches: twice its persistent shard and its gathered parameters, gradients
+    and reduction buffer, and twice every activation, input, output, workspace and held figure of
+    its plain and selective forms. A schedule with only unit i changed peaks no lower than the
+    word's peak less this ([Note: plans a user can name]; tests/solve/test_named.py checks the
+    pruned pass against every plan enumerated)."""
+    from shardsched.cost.strategy import shard_count
+
+    sb, c = state_bytes(p.precision, p.optimizer), p.costs[i]
+    n = shard_count(k, p.cluster)
+    states = c.shard_numel(n) * (sb.param + sb.grad + sb.optimizer) \
+        + c.padded_numel(n) * (sb.unsharded_param + sb.unsharded_grad + sb.reduce)
+    forms = [c] + ([p.selective[i]] if p.selective else [])
+    act = sum(f.activation_bytes + f.workspace_bytes + f.lead_activation_bytes + f.input_bytes + f.entry_bytes
+              + f.exit_bytes + f.checkpointed_lead_bytes + f.outside_workspace_bytes + f.outside_activation_bytes
+              + f.outside_input_bytes + f.code_held_bytes + sum(b.out + b.inp + b.held for b in f.layer_bytes)
+              for f in forms)
+    return 2 * (2 * states + act)
+
+
 def one_override_plans(profile: Profile, cluster: Cluster, *, pins: dict, precision: Precision,
-                       optimizer: Optimizer, budget: int, best: float) -> tuple[Scored | None, int]:
+                       optimizer: Optimizer, budget: int, best: float,
+                       word_peaks: dict[str, int] | None = None) -> tuple[Scored | None, int]:
     """The fastest fitting uniform word with at most one override (of a unit or a layer) that is
-    faster than `best` (None: none is), and how many plans were considered."""
+    faster than `best` (None: none is), and how many plans were considered. `word_peaks`: each
+    uniform word's peak (`solve.baselines`), where known: a unit override of a word that peaks
+    above the budget by more than the unit can free (`unit_bytes`) is skipped."""
     build = _Groupings(profile, cluster, pins, precision, optimizer)
+    word_peaks = word_peaks or {}
     found, count, problems, replays, evaluators, shared = None, 0, {}, {}, {}, {}
     for strategy, mode, per_layer, groups, split in named_variants(profile, cluster, pins=pins, precision=precision,
                                                                   optimizer=optimizer):
@@ -146,7 +172,7 @@ def one_override_plans(profile: Profile, cluster: Cluster, *, pins: dict, precis
         ch = word_choice(p, groups, per_layer, mode)
         word = strategy.label + mode.suffix
         units = range(p.n) if split is None else (split,)
-        durations = None
+        durations = delays = None
         for i in units:
             if p.costs[i].layers == (ROOT,):
                 continue
@@ -158,16 +184,19 @@ def one_override_plans(profile: Profile, cluster: Cluster, *, pins: dict, precis
                 continue
             if k not in replays:
                 replays[k] = Replay(p, shared)
-                durations = None
+                durations = delays = None
             rp = replays[k]
+            if split is None and word in word_peaks and word_peaks[word] - unit_bytes(p, i, ch.strategies[i]) > budget \
+                    and not _ddp_but(ch, i):
+                continue  # no change of this unit brings the word within the budget
             if durations is None:
-                durations = rp.durations(ch)
-            if rp.relaxed(ch, i, tuple(dict.fromkeys(st for st, _ in options)), durations) >= best:
+                durations, delays = rp.durations(ch), rp.prefix_delays(ch) if rp.share else None
+            if rp.relaxed(ch, i, tuple(dict.fromkeys(st for st, _ in options)), durations, delays) >= best:
                 options = [o for o in options if _ddp_but(ch, i) and _ddp(_with(ch, i, *o, n=p.n))]  # not so bounded
             for st in dict.fromkeys(st for st, _ in options):
                 mine = [o for o in options if o[0] is st]
                 cand = _with(ch, i, st, mine[0][1], n=p.n)
-                if len(mine) > 1 and not _ddp(cand) and rp.relaxed(cand, i, (st,)) >= best:
+                if len(mine) > 1 and not _ddp(cand) and rp.relaxed(cand, i, (st,), delays=delays) >= best:
                     continue  # this strategy, whatever the checkpointing
                 for _, m in mine:
                     cand = _with(ch, i, st, m, n=p.n)

@@ -87,7 +87,16 @@ class Replay:
         return tab, [self.sac[i] if mode is Checkpoint.SELECTIVE else self.full[i] if mode
                      else self.units[i].backward_seconds for i, mode in enumerate(ckpt)]
 
-    def relaxed(self, ch: Choice, i: int, strategies, durations: tuple[list, list] | None = None) -> float:
+    def prefix_delays(self, ch: Choice) -> list[float]:
+        """The compute slowing (`overlap_share`) accumulated before each step of `ch`'s replay:
+        steps before the first launch a change of one unit touches are the same in every such
+        change, so their slowing adds to `relaxed`'s bound."""
+        out: list[float] = []
+        self._run(ch, *self.durations(ch), trace=out)
+        return out
+
+    def relaxed(self, ch: Choice, i: int, strategies, durations: tuple[list, list] | None = None,
+                delays: list[float] | None = None) -> float:
         """A lower bound on `seconds` of every Choice that differs from `ch` only in unit i's
         strategy (one of `strategies`, its backward AllGather at `ch.bwd[i]` when it is the only
         one and gathers for backward, else at its default launch or none) and checkpointing, all
@@ -96,7 +105,8 @@ class Replay:
         kept as said; the event loop is max-plus in the durations, and a collective left out is
         never later than one of any length ([Note: plans a user can name] in `solve/named.py`), so
         nothing is faster than this. The collectives' slowing of compute (`overlap_share`) is left
-        out too: it only adds. `durations`: `ch`'s (`durations`), when known."""
+        out too, but for the steps before unit i's forward launch, the same in every such Choice
+        (`delays`: `prefix_delays(ch)`, when given). `durations`: `ch`'s (`durations`), when known."""
         tab, back = durations or self.durations(ch)
         opts = [self._unit(i, k) for k in strategies]
         keep = len(strategies) == 1 and strategies[0].gathers_for_backward and ch.bwd[i] is not None
@@ -105,11 +115,14 @@ class Replay:
                   min(o[3] for o in opts))
         back[i] = min(self.units[i].backward_seconds, self.full[i], self.sac[i])
         bwd = ch.bwd if keep else ch.bwd[:i] + (None,) + ch.bwd[i + 1:]
-        return self._run(ch._replace(bwd=bwd), tab, back, share=0.0)
+        before = delays[ch.fwd[i]] if delays and min(ch.bwd[i] if ch.bwd[i] is not None else ch.fwd[i],
+                                                     ch.fwd[i]) == ch.fwd[i] else 0.0
+        return self._run(ch._replace(bwd=bwd), tab, back, share=0.0) + before
 
-    def _run(self, ch: Choice, tab: list, back: list, share: float | None = None) -> float:
+    def _run(self, ch: Choice, tab: list, back: list, share: float | None = None,
+             trace: list | None = None) -> float:
         """`replay`'s event loop over per-unit (AllGather forward, backward, reduction seconds,
-        shard numel) and backward seconds."""
+        shard numel) and backward seconds; `trace`: gets the slowing accumulated before each step."""
         n, units = self.p.n, self.units
         launches: list[list[tuple[int, float]]] = [[] for _ in range(2 * n + 1)]
         for i in range(n):  # `launches_at`: (use step, seconds), in use order per step
@@ -120,6 +133,8 @@ class Replay:
         share = self.share if share is None else share
         ready: dict[int, float] = {}
         for s in range(2 * n + 1):
+            if trace is not None:
+                trace.append(delay)
             for use, t in sorted(launches[s]):
                 start = max(channel_free, prev_end)
                 channel_free = start + t

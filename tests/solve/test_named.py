@@ -122,11 +122,13 @@ def test_the_pruned_search_finds_the_fastest_named_plan():
     for _ in range(6):
         prof, cl = _setup(rng.randint(2, 5), rng.choice([256, 512]), rng.choice([16, 64]), 8, "a100", 512)
         scored = named_scores(prof, cl)
-        peaks = sorted(peak for _, peak, _ in scored)
-        for budget in (peaks[len(peaks) // 4], peaks[len(peaks) // 2], peaks[-1]):
+        ordered = sorted(peak for _, peak, _ in scored)
+        for budget in (ordered[len(ordered) // 4], ordered[len(ordered) // 2], ordered[-1]):
             fitting = [t for t, peak, _ in scored if peak <= budget]
             ref = max(fitting)  # the slowest fitting one: every faster named plan must be found
-            found, _ = one_override_plans(prof, cl, pins={}, budget=budget, best=ref * (1 + 1e-9), **KW)
+            peaks = {s.name: s.peak for s in uniform_baselines(prof, cl, pins={}, **KW)}
+            found, _ = one_override_plans(prof, cl, pins={}, budget=budget, best=ref * (1 + 1e-9), word_peaks=peaks,
+                                          **KW)
             assert found is not None and abs(found.seconds - min(fitting)) <= 1e-12 * ref
             checked += 1
     assert checked == 18
