@@ -186,13 +186,19 @@ def one_override_plans(profile: Profile, cluster: Cluster, *, pins: dict, precis
                 replays[k] = Replay(p, shared)
                 durations = delays = None
             rp = replays[k]
+            ddp = _ddp_but(ch, i)
             if split is None and word in word_peaks and word_peaks[word] - unit_bytes(p, i, ch.strategies[i]) > budget \
-                    and not _ddp_but(ch, i):
+                    and not ddp:
                 continue  # no change of this unit brings the word within the budget
             if durations is None:
                 durations, delays = rp.durations(ch), rp.prefix_delays(ch) if rp.share else None
             if rp.relaxed(ch, i, tuple(dict.fromkeys(st for st, _ in options)), durations, delays) >= best:
-                options = [o for o in options if _ddp_but(ch, i) and _ddp(_with(ch, i, *o, n=p.n))]  # not so bounded
+                options = [o for o in options if ddp and _ddp(_with(ch, i, *o, n=p.n))]  # not so bounded
+            elif split is not None and not ddp:  # the word's own peak in this grouping, then as above
+                if k not in evaluators:
+                    evaluators[k] = Evaluator(p)
+                if evaluators[k].peak(ch) - unit_bytes(p, i, ch.strategies[i]) > budget:
+                    continue
             for st in dict.fromkeys(st for st, _ in options):
                 mine = [o for o in options if o[0] is st]
                 cand = _with(ch, i, st, mine[0][1], n=p.n)
