@@ -195,7 +195,7 @@ def infeasible_message(profile: Profile, cluster: Cluster, *, budget: int, probl
     return (f"no plan fits the memory budget of {fmt_bytes(budget)}: the least-memory plan "
             f"(full_shard everywhere, checkpointed, no prefetch, smallest units) needs {need} bytes ({fmt_bytes(need)}) "
             f"at {best.name}, dominated by {kind} ({fmt_bytes(size)}); use --memory-budget {given} or more "
-            f"(what is left after the device's default --headroom {headroom.text}; {_round_up(need)} usable), "
+            f"({_round_up(need)} usable after the device's default --headroom {headroom.text}), "
             f"a larger world, or a smaller micro-batch")
 
 
