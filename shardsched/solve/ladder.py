@@ -12,8 +12,8 @@ the answer at b is the fastest schedule found at the rungs <= b (each fits r_k <
 the rungs <= b' include those <= b, so the answer at b' is never slower: no tolerance, whether or
 not either is "optimal". An answer between rungs searches no budget above the rung below it, so
 it leaves up to RATIO - 1 of the budget unused, and a run costs one search per rung below b (on
-the deep configurations of bench/bench_plan_speed.py: 2-9 CPU s each, so 6-45 CPU s for 3-5
-rungs). That is why `auto_plan` (the `plan` command) does not use it: it is for callers that need
+the deep configurations of bench/bench_plan_speed.py: 1-11 CPU s each, times the
+rungs; measured: 10-14 rungs and 26-36 CPU s on a 40-layer GPT over 128 H100s). That is why `auto_plan` (the `plan` command) does not use it: it is for callers that need
 the guarantee (`shardsched.solve.ladder.ladder_plan`); the bound it reports is
 `milp.lower_bound` at b over every grouping (valid at b; the rungs' bounds are not).
 """
