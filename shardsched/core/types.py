@@ -238,6 +238,10 @@ class Plan:
     """The engine's measurement of this plan (`shardsched.verify`); None: not verified
     (`--no-verify`, or a plan made before verification existed)."""
     extra: dict = field(default_factory=dict)
+    # issue 27 (s11-solve): kept apart, with a default, so plans without it still load
+    strategy_spec: str = ""
+    """A `--strategy` that `make_plan` turns into this plan's units, strategies, checkpointing and
+    launches ([Note: exact specs] in plan/spec.py); "" where none was recorded."""
 
     def unit(self, name: str) -> Unit:
         for u in self.units:

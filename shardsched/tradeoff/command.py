@@ -106,14 +106,17 @@ def _png_atomic(path: str, points, *, title: str) -> None:
             os.unlink(tmp)
 
 
-# Short headers so that all twelve uniform columns fit 200 columns; the CSV keeps the full names.
+# Short headers so that the uniform columns (each strategy; none, +ckpt, +sac) fit; the CSV keeps the full names.
 SHORT = {"replicate": "DDP", "shard_grad_op": "ZeRO-2", "full_shard": "ZeRO-3", "full_shard/node": "Z3/node",
          "hybrid_shard": "HSDP", "hybrid_shard_grad_op": "HSDP-Z2"}
 
 
 def short_name(name: str) -> str:
-    base, ckpt = name.removesuffix("+ckpt"), name.endswith("+ckpt")
-    return SHORT.get(base, base) + ("+ck" if ckpt else "")
+    for suffix, short in (("+ckpt", "+ck"), ("+sac", "+sa")):
+        if name.endswith(suffix):
+            base = name.removesuffix(suffix)
+            return SHORT.get(base, base) + short
+    return SHORT.get(name, name)
 
 
 def best_uniform(p) -> tuple[str, float] | None:
