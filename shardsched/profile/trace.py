@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 import torch.utils.flop_counter as fc
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -403,6 +403,61 @@ def _fake_inputs(inputs: tuple, dtype: torch.dtype, mode: FakeTensorMode) -> tup
     return tuple(_fake_like(x, dtype, mode) if isinstance(x, torch.Tensor) else x for x in inputs)
 
 
+# [Note: boolean masks on fake tensors]
+# A loss that reads a boolean mask (`logits[mask]`, `y[mask]`: a GNN's training nodes, a
+# masked-LM's positions) has an output whose length is the mask's count: a fake tensor has no
+# values, so `aten.index` failed (DynamicOutputShapeException on nonzero) and the model was
+# profiled by running it for real (`profile/measure.py`), whose profile lacks the selective and
+# window fields (a GNN's full_shard+sac plan was 33% over its verified peak). A mask that is one
+# of the model's inputs (or a view of one) has its values in the caller's example inputs, so
+# `_RealMasks` answers those ops from them: the mask's count on the real tensor, the op on fake
+# integer indices of that length (what `nonzero` turns the mask into). Autograd saves the op's
+# arguments above this mode (the mask, an input: no bytes), so what the trace counts is the
+# program's. A mask the model computes from its inputs still cannot trace.
+
+_aten = torch.ops.aten
+_INDEXING = {_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.default, _aten._index_put_impl_.default}
+
+
+class _RealMasks(TorchDispatchMode):
+    """Directly above FakeTensorMode: boolean-mask indexing by a mask the inputs hold."""
+
+    def __init__(self, real: dict[int, torch.Tensor]):
+        super().__init__()
+        self.real = real  # fake input's storage key -> the real input (contiguous)
+
+    def _real(self, t) -> tuple[int, int] | None:
+        """(true count, dims) of a mask the inputs hold, else None."""
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.bool:
+            return None
+        r = self.real.get(_storage_key(t))
+        if r is None:
+            return None
+        with unset_fake_temporarily():
+            return int(r.as_strided(t.shape, t.stride(), t.storage_offset()).sum()), t.dim()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _INDEXING and len(args) > 1 and any(self._real(i) is not None for i in args[1]):
+            indices = []
+            for i in args[1]:
+                r = self._real(i)
+                if r is None:
+                    indices.append(i)
+                    continue
+                indices += [torch.empty(r[0], dtype=torch.long, device=i.device) for _ in range(r[1])]
+            args = (args[0], indices, *args[2:])
+        elif func is _aten.nonzero.default and self._real(args[0]) is not None:
+            r = self._real(args[0])
+            return torch.empty(r, dtype=torch.long, device=args[0].device)
+        return func(*args, **kwargs)
+
+
+def _real_masks(inputs: tuple, fake_inputs: tuple) -> _RealMasks:
+    return _RealMasks({_storage_key(f): r.detach().contiguous() for r, f in zip(inputs, fake_inputs)
+                       if isinstance(r, torch.Tensor) and r.dtype == torch.bool and isinstance(f, torch.Tensor)})
+
+
 def loss_of(out: Any) -> torch.Tensor:
     """The scalar loss a model's forward returns; UsageError (one line) otherwise."""
     loss = out.loss if hasattr(out, "loss") and not isinstance(out, torch.Tensor) else out
@@ -436,6 +491,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
                            parents=tracer.parent, params=_module_params(state, [*names, *tracer.parent]))
     kept: list[torch.Tensor] = []  # keep saved storages alive: no StorageImpl reuse while we dedupe
     rules = _FakeRules()
+    masks = _real_masks(inputs, fake_inputs)  # [Note: boolean masks on fake tensors]
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         k = _storage_key(t)
@@ -466,7 +522,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         return t
 
     try:
-        with _restored(model), _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, rules, _Counter(tracer), _Tagger(tracer), ws, warnings.catch_warnings():
+        with _restored(model), _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, masks, rules, _Counter(tracer), _Tagger(tracer), ws, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 loss = loss_of(torch.func.functional_call(model, _untied(state), fake_inputs, tie_weights=True))
@@ -488,7 +544,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         tracer.stats.recall.update(ws.recall)
         tracer.stats.bucketed.update(ws.bucketed)
         tracer.remove()
-    with _restored(model), _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, rules, warnings.catch_warnings():
+    with _restored(model), _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, masks, rules, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for keep, out in ((False, tracer.stats.forward_nosave), (True, tracer.stats.forward_sac)):
             held = None if keep else HeldOutputs(model, names)  # [Note: outputs the caller's code holds]
