@@ -554,5 +554,4 @@ def verified_case(s: Spec, ps: PlanSpec) -> Case:
     return Case(spec=s, plan=ps, predicted=plan.predicted.peak_bytes, measured=verified, budget=budget,
                 error=None if verified is None else plan.predicted.peak_bytes / verified - 1,
                 replanned=any("planned again after verification" in n for n in plan.notes),
-                seconds=plan.verified.seconds if plan.verified else 0.0,
                 units=[f"{u.name}:{u.strategy.value}" for u in plan.units])
