@@ -200,9 +200,9 @@ class Verified:
     """"fake" (FakeTensorMode: nothing allocated) or "real" (a model whose ops need real
     values, e.g. a boolean-mask loss, ran for real on this machine)."""
     unused_params: tuple[str, ...] = ()
-    """Parameters that received no gradient in the step (DDP must be told: `runtime.ddp`)."""
-    seconds: float = 0.0
-    """CPU seconds the verification took."""
+    """Parameters that received no gradient in the step (DDP must be told: `runtime.ddp`).
+    (No timing is kept: a plan's JSON is the same on every run; `bench/bench_verify.py`
+    times verification.)"""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -188,14 +188,14 @@ def _finish(args: argparse.Namespace, plan: Plan, profile, cluster: Cluster, bud
     plan = dataclasses.replace(plan, notes=plan.notes + tuple(profile.extra.get("notes", ())))
     if seq is None and spec.seq_note:
         plan = dataclasses.replace(plan, notes=plan.notes + (spec.seq_note,))
-    if given is not None and plan.verified is not None and plan.verified.peak_bytes > budget.usable:
-        sys.stderr.write(f"shardsched plan: warning: verified peak {fmt_bytes(plan.verified.peak_bytes)} exceeds "
-                         f"the usable budget {fmt_bytes(budget.usable)}; try --strategy auto\n")
-    elif given is not None and plan.predicted.peak_bytes > budget.usable:
+    if given is not None and plan.predicted.peak_bytes > budget.usable:
         # Reported, never silently accepted: the plan is still shown (and saved) for inspection.
         sys.stderr.write(f"shardsched plan: warning: predicted peak {fmt_bytes(plan.predicted.peak_bytes)} exceeds "
                          f"the usable budget {fmt_bytes(budget.usable)} (--memory-budget {fmt_bytes(given)} less "
                          f"{fmt_bytes(budget.headroom_bytes)} --headroom); try --strategy auto\n")
+    if given is not None and plan.verified is not None and plan.verified.peak_bytes > budget.usable:
+        sys.stderr.write(f"shardsched plan: warning: verified peak {fmt_bytes(plan.verified.peak_bytes)} exceeds "
+                         f"the usable budget {fmt_bytes(budget.usable)}; try --strategy auto\n")
     device_memory_warning(plan, cluster)
     if args.out:
         write_atomic(args.out, plan.to_json() + "\n")

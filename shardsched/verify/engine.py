@@ -25,7 +25,6 @@ script before `init_process_group`). Inside a training worker it runs in a fresh
 from __future__ import annotations
 
 import contextlib
-import time
 import warnings
 from typing import Callable
 
@@ -142,7 +141,6 @@ def verify_plan(model: nn.Module, inputs: tuple, plan: Plan, *, tensors: str = "
     """Run `plan` once on a fake copy of `model` (see the module docstring); `model` and
     `inputs` (one worker's micro-batch, real or on the meta device) are untouched.
     tensors="real": on `model` itself, real (a copy the caller made: `verify.subject`)."""
-    t0 = time.process_time()
     mode = FakeTensorMode(allow_non_fake_inputs=True) if tensors == "fake" else contextlib.nullcontext()
     with fake_world(plan.world), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # FSDP2's view warnings: the run is ours, not the user's
@@ -152,4 +150,4 @@ def verify_plan(model: nn.Module, inputs: tuple, plan: Plan, *, tensors: str = "
             peak, engine, unused = _run(model, inputs, plan)
     return Verified(peak_bytes=peak.by_kind["Total"], peak_at=peak.at, engine=engine, tensors=tensors,
                     memory={k: v for k, v in peak.by_kind.items() if k != "Total" and v},
-                    unused_params=tuple(unused), seconds=time.process_time() - t0)
+                    unused_params=tuple(unused))
