@@ -131,6 +131,7 @@ class _Stats:
         self.flops = {ph: defaultdict(lambda: defaultdict(float)) for ph in ("fwd", "bwd")}
         self.moved = {ph: defaultdict(int) for ph in ("fwd", "bwd")}
         self.acts: dict[str, int] = defaultdict(int)
+        self.aliased: set[str] = set()  # modules given one tensor at two arguments: [Note: inputs passed twice]
         self.workspace: dict[str, int] = defaultdict(int)  # measured, `profile.workspace`
         self.itemsize = 4  # of the compute dtype: the bytes of a gradient element
         self.inputs: dict[str, int] = defaultdict(int)
@@ -174,6 +175,7 @@ class _Tracer:
         self.stack: list[str] = []
         self.ran: list[str] = []
         self.kids_ran: list[str] = []
+        self.sequence: list[str] = []  # layers as they are called, each run of calls once
         self.last: str | None = None
         self.bwd_key: tuple[str, ...] = ()
         self.stats = _Stats()
@@ -206,8 +208,13 @@ class _Tracer:
                            if _storage_key(t) in self.saved_keys and _storage_key(t) not in self.persistent_keys
                            and _storage_key(t) not in self.stats.saved_inside}
                 self.stats.input_saved_outside[name] = _nbytes(list(outside.values()))
+            grads = [t for t in L.tensors_in((args, kwargs)) if t.requires_grad]
+            if len({id(t) for t in grads}) < len(grads):
+                self.stats.aliased.add(name)
             self.stats.calls[name] += 1
             if name in self.layer_set:
+                if not self.sequence or self.sequence[-1] != name:
+                    self.sequence.append(name)
                 if name not in self.ran:
                     self.ran.append(name)
                 self.last = name
@@ -797,6 +804,17 @@ def _code_held(name: str, st: _Stats) -> dict:
     return {"code_held": per, "code_held_bytes": always}
 
 
+# [Note: a repeated layer between other layers]
+# A module called again after another layer ran (`layers = [L0, L1, L0, L1]`: one object at
+# two places, [Note: one layer object at two places] in profile/layers.py) cannot be a layer of
+# the chain of units: its backward runs at each call's place, around the layers between, which
+# a unit before or after them cannot express (an auto plan that checkpointed L0 as a unit of its
+# own was 22% under its verified peak, L1's activations live through L0's second backward). Its
+# parameters go to the root, its work to the layer before it (`_fold`), as code between layers:
+# an upper bound (+15% on full_shard), where ALBERT's block, called n times in a row, is one
+# layer ([Note: repeated modules] in plan/units.py).
+
+
 def _unique(params) -> list[nn.Parameter]:
     seen, out = set(), []
     for p in params:
@@ -821,7 +839,9 @@ def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
     with _Truncated(model, stacks):
         tracer = _run(model, inputs, traced, {n: children[n] for n in traced}, DTYPES[compute_dtype])
     _expand(tracer, names, [c for cs in children.values() for c in cs], stacks)
-    asg = L.assign(model, names, tracer.ran)
+    # [Note: a repeated layer between other layers]
+    ran = [n for n in tracer.ran if tracer.sequence.count(n) < 2]
+    asg = L.assign(model, names, ran)
     _fold(tracer.stats, tracer.ran, asg.layers)
     tracer.stats.final = set(asg.layers)
     out = []
@@ -830,6 +850,8 @@ def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
         kids = [c for c in tracer.kids_ran if c in kids] if all(c in tracer.kids_ran for c in kids) else []
         if tracer.stats.calls.get(n, 1) > 1:  # [Note: repeated modules]: never split into children
             kids = []
+        if any(c in tracer.stats.aliased for c in kids):  # [Note: inputs passed twice]: a child as a unit
+            kids = []  # of its own would get each argument wrapped apart by FSDP2, another program
         kid_profiles = tuple(_layer(c, _unique(model.get_submodule(c).parameters()), tracer.stats, device)
                              for c in kids)
         out.append(_layer(n, asg.params[n], tracer.stats, device, kid_profiles))
