@@ -199,13 +199,17 @@ class _Ctx:
 
 
 def _leaf(name: str, *, params: int, fwd_seconds: float, act: int, largest: int = 0, inp: int = 0,
-          bwd_seconds: float | None = None, saved: int = 0, recomputed: bool = True) -> LayerProfile:
-    """`saved`: what selective checkpointing keeps (`_selective_saved`); `recomputed`: whether
-    its forward is the policy's to recompute (no matmul, attention or convolution in it)."""
+          bwd_seconds: float | None = None, saved: tuple[int, int] = (0, 0),
+          recompute: tuple[float, float] | None = None) -> LayerProfile:
+    """`saved`: what selective checkpointing keeps under `+sac` and `+sac-all`
+    (`_selective_saved`); `recompute`: the seconds each recomputes (None: its whole forward,
+    no matmul, attention or convolution in it)."""
+    rec = (fwd_seconds, fwd_seconds) if recompute is None else recompute
     return LayerProfile(name=name, params=params, forward_seconds=fwd_seconds,
                         backward_seconds=2 * fwd_seconds if bwd_seconds is None else bwd_seconds,
                         activation_bytes=act, workspace_bytes=2 * largest, input_bytes=inp,
-                        selective_saved_bytes=saved, selective_recompute_seconds=fwd_seconds if recomputed else 0.0)
+                        selective_saved_bytes=saved[0], selective_recompute_seconds=rec[0],
+                        selective_all=(saved[1], 0, 0, rec[1]))
 
 
 def _parent(name: str, children: list[LayerProfile], *, d: int, backward_peak: int, extra_fwd: float = 0.0,
@@ -222,6 +226,8 @@ def _parent(name: str, children: list[LayerProfile], *, d: int, backward_peak: i
         selective_saved_bytes=sum(c.selective_saved_bytes or 0 for c in children),
         selective_recompute_seconds=sum(c.forward_seconds if c.selective_recompute_seconds is None
                                         else c.selective_recompute_seconds for c in children) + extra_fwd,
+        selective_all=(sum(c.selective_all[0] for c in children), 0, 0,
+                       sum(c.selective_all[3] for c in children) + extra_fwd),
         forward_seconds=sum(c.forward_seconds for c in children) + extra_fwd,
         backward_seconds=sum(c.backward_seconds for c in children) + (2 * extra_fwd if extra_bwd is None else extra_bwd),
         activation_bytes=act, input_bytes=inp, children=tuple(children))
@@ -244,7 +250,8 @@ def _block(ctx: _Ctx, prefix: str, shapes: dict[str, Shapes]) -> LayerProfile:
         children.append(_leaf(child, params=p, fwd_seconds=fwd, bwd_seconds=bwd, act=acts[kind],
                               largest=_largest_saved(cfg, kind, T, d, ctx.fused_rms), inp=T * cfg.hidden * d,
                               saved=_selective_saved(cfg, kind, b=ctx.b, s=ctx.s, d=d),
-                              recomputed=kind not in ("attn", "mlp")))
+                              recompute=(ctx.seconds(_selective_recomputed_flops(cfg, kind, T)), 0.0)
+                              if kind in ("attn", "mlp") else None))
     params, act = sum(c.params for c in children), sum(c.activation_bytes for c in children)
     return _parent(prefix, children, inp=T * cfg.hidden * d, d=d,
                    backward_peak=_block_backward_peak(cfg, T, d, grads=params * d, act=act))
@@ -272,19 +279,35 @@ def _block_backward_peak(cfg: GPTConfig, tokens: int, d: int, *, grads: int, act
     return max(first_ops, grads - act + 7 * tokens * h * d)
 
 
-def _selective_saved(cfg: GPTConfig, kind: str, *, b: int, s: int, d: int) -> int:
-    """What selective checkpointing keeps of a block child (`runtime.sac`): the outputs of its
-    matmuls and of attention. Attention: the qkv output (T, 3h), SDPA's output (T, h) and fp32
-    logsumexp, the out-projection's output (T, h); MLP: its inner (T, ffn) outputs (two for
-    SwiGLU's gate and up) and the down-projection's (T, h). Its recomputation is then its
-    memory-bound ops alone, which these profiles do not price in forward either (norms are
-    priced as their FLOPs: they are recomputed)."""
+def _selective_saved(cfg: GPTConfig, kind: str, *, b: int, s: int, d: int) -> tuple[int, int]:
+    """What selective checkpointing keeps of a block child (`runtime.sac`), (`+sac`, `+sac-all`).
+    `+sac-all`: the outputs of its matmuls and of attention. Attention: the qkv output (T, 3h),
+    SDPA's output (T, h) and fp32 logsumexp, the out-projection's output (T, h); MLP: its inner
+    (T, ffn) outputs (two for SwiGLU's gate and up) and the down-projection's (T, h). Its
+    recomputation is then its memory-bound ops alone, which these profiles do not price in
+    forward either (norms are priced as their FLOPs: they are recomputed). `+sac` (torchtitan's
+    every-second-mm rule, the block's counter): the block's mms are qkv (1st, kept), the out
+    projection (2nd, recomputed), then gate (3rd, kept), up (4th, recomputed), down (5th,
+    kept), or fc (3rd, kept), proj (4th, recomputed). Biased linears run as addmm, which the
+    counter skips: all kept, as under `+sac-all`."""
     tokens, h = b * s, cfg.hidden
     if kind == "attn":
-        return 5 * tokens * h * d + 4 * b * cfg.heads * s
+        every = 5 * tokens * h * d + 4 * b * cfg.heads * s
+        return (every if cfg.bias else every - tokens * h * d), every
     if kind == "mlp":
-        return (2 if cfg.mlp == "swiglu" else 1) * tokens * cfg.ffn_size * d + tokens * h * d
-    return 0
+        every = (2 if cfg.mlp == "swiglu" else 1) * tokens * cfg.ffn_size * d + tokens * h * d
+        second = tokens * cfg.ffn_size * d if cfg.mlp == "swiglu" else tokens * h * d
+        return (every if cfg.bias else every - second), every
+    return 0, 0
+
+
+def _selective_recomputed_flops(cfg: GPTConfig, kind: str, tokens: int) -> float:
+    """Forward matmul FLOPs `+sac` recomputes in a block child (`_selective_saved`): the out
+    projection, SwiGLU's up or GELU's second projection; none with biases."""
+    if cfg.bias:
+        return 0.0
+    h, f = cfg.hidden, cfg.ffn_size
+    return 2.0 * tokens * (h * h if kind == "attn" else h * f)
 
 
 def _largest_saved(cfg: GPTConfig, kind: str, tokens: int, d: int, fused_rms: bool) -> int:
@@ -309,7 +332,8 @@ def _embed(ctx: _Ctx, shapes: dict[str, Shapes]) -> LayerProfile:
         act = 8 * ctx.s if child == "embed.pos" else 0
         children.append(LayerProfile(name=child, params=p, forward_seconds=fwd,  # no matmul: all recomputed
                                      backward_seconds=fwd + 2 * 4 * p / ctx.bandwidth, activation_bytes=act,
-                                     selective_saved_bytes=0, selective_recompute_seconds=fwd))
+                                     selective_saved_bytes=0, selective_recompute_seconds=fwd,
+                                     selective_all=(0, 0, 0, fwd)))
     # At its end, its backward holds the incoming (T, h) gradient besides its weight
     # gradients, its (position index) activations freed.
     grads, act = sum(c.params for c in children) * d, sum(c.activation_bytes for c in children)
@@ -325,7 +349,7 @@ def _head(ctx: _Ctx, shapes: dict[str, Shapes]) -> LayerProfile:
     ln = _leaf("head.ln", params=ln_p, fwd_seconds=ctx.seconds(2 * ln_p * T), act=_norm_act(cfg, T, d, ctx.fused_rms),
                inp=x)
     out = _leaf("head.out", params=out_p, fwd_seconds=ctx.seconds(2 * cfg.hidden * cfg.vocab * T), act=x, inp=x,
-                saved=T * cfg.vocab * d, recomputed=False)
+                saved=(T * cfg.vocab * d, T * cfg.vocab * d), recompute=(0.0, 0.0))
     ce_seconds = 3 * T * cfg.vocab * 4 / ctx.bandwidth  # read logits, write fp32 copy and log-probs
     # + 4: nll_loss's 0-d fp32 total_weight; targets are example input (input_bytes).
     # Backward peaks in cross-entropy: the gradient of the fp32 log-probs and of the
