@@ -209,8 +209,9 @@ def calibrate(*, mesh, device: torch.device, dtype: torch.dtype, repeats: int) -
 def at_scale(*, device: torch.device, dtype: torch.dtype, repeats: int, peak_flops: float,
              state_bytes_at_rest: int) -> dict:
     """One large matmul's efficiency and one large AdamW step's bandwidth, beside the
-    calibration: its shapes (`calibrate.MATMULS`, 1M optimizer parameters) are a small layer's,
-    which on a GPU time kernel launches more than the device. Not used by any plan: it says
+    calibration: its shapes were a small layer's (`calibrate.MATMULS`, 1M optimizer parameters),
+    which on a GPU time kernel launches more than the device (since issue 28 a GPU times
+    `calibrate.CUDA_MATMULS` and 128M parameters). Not used by any plan: it says
     how far the calibrated figures are from what a 1B model's kernels meet."""
     from shardsched.profile import calibrate as cal
     big = device.type == "cuda"
