@@ -233,8 +233,40 @@ def _parent(name: str, children: list[LayerProfile], *, d: int, backward_peak: i
         activation_bytes=act, input_bytes=inp, children=tuple(children))
 
 
+# [Note: memory-bound work in analytic blocks] (issue 28)
+# The traced path prices every op without FLOPs by the bytes it reads and writes
+# (`LayerProfile.forward_moved_bytes`) at the device's bandwidth; analytic blocks priced none,
+# which made a `gpt:` Llama-2-13B 1.13x faster than the traced `hf:` one. They now price
+# the same work, per token, in bf16-element units (bytes / 2) times the compute dtype's size,
+# read off the trace of the modules (tests/profile/test_analytic.py checks them against it): a
+# fused norm (layer norm; RMSNorm where `_fused_rmsnorm`) 2h forward and 6h backward, the
+# composite RMSNorm (fp32 inside) 20h and 55h; attention's layout copies 6h backward, and where a
+# spec has no learned positions it stands for a rotary model (Llama), whose attention (HF's
+# LlamaAttention with its rotary embedding, traced) moves 22.25h forward and 40.25h backward;
+# SwiGLU's silu-and-product 5 ffn forward and 21 ffn + 3h backward, GELU's 2 ffn and 3 ffn; the
+# two residual adds 6h forward.
+
+def _moved_elements(cfg: GPTConfig, kind: str, fused_rms: bool) -> tuple[float, float]:
+    """(forward, backward) elements per token the memory-bound ops of a block child move
+    ([Note: memory-bound work in analytic blocks])."""
+    h, f = cfg.hidden, cfg.ffn_size
+    if kind in ("ln1", "ln2"):
+        return (20.0 * h, 55.0 * h) if cfg.norm == "rmsnorm" and not fused_rms else (2.0 * h, 6.0 * h)
+    if kind == "attn":
+        return (0.0, 6.0 * h) if cfg.learned_pos else (22.25 * h, 40.25 * h)
+    if kind == "mlp":
+        return (5.0 * f, 21.0 * f + 3.0 * h) if cfg.mlp == "swiglu" else (2.0 * f, 3.0 * f)
+    return 0.0, 0.0
+
+
+RESIDUAL_ELEMENTS = 6
+"""Elements per token per unit of hidden the block's two residual adds move in forward."""
+
+
 def _block(ctx: _Ctx, prefix: str, shapes: dict[str, Shapes]) -> LayerProfile:
-    """2 * params * tokens per child (norms included, negligible) + causal attention's 2*b*s^2*h."""
+    """2 * params * tokens per child (norms included, negligible) + causal attention's 2*b*s^2*h,
+    and the memory-bound ops' bytes at the device's bandwidth ([Note: memory-bound work in
+    analytic blocks])."""
     cfg, T, d = ctx.cfg, ctx.tokens, ctx.d
     attention_flops = causal_attention_flops(b=ctx.b, s=ctx.s, h=cfg.hidden)
     acts = {"ln1": _norm_act(cfg, T, d, ctx.fused_rms), "attn": _attn_act(cfg, b=ctx.b, s=ctx.s, d=d),
@@ -245,15 +277,17 @@ def _block(ctx: _Ctx, prefix: str, shapes: dict[str, Shapes]) -> LayerProfile:
         attention = attention_flops if child.endswith(".attn") else 0
         kind = child.rsplit(".", 1)[1]
         # Every child reads one (T, h) tensor of the residual stream (checkpointing keeps it).
-        fwd = ctx.seconds(2 * p * T, attention)
-        bwd = ctx.seconds(2 * 2 * p * T, ATTENTION_BACKWARD * attention)
+        moved_f, moved_b = (T * d * e / ctx.bandwidth for e in _moved_elements(cfg, kind, ctx.fused_rms))
+        fwd = ctx.seconds(2 * p * T, attention) + moved_f
+        bwd = ctx.seconds(2 * 2 * p * T, ATTENTION_BACKWARD * attention) + moved_b
         children.append(_leaf(child, params=p, fwd_seconds=fwd, bwd_seconds=bwd, act=acts[kind],
                               largest=_largest_saved(cfg, kind, T, d, ctx.fused_rms), inp=T * cfg.hidden * d,
                               saved=_selective_saved(cfg, kind, b=ctx.b, s=ctx.s, d=d),
-                              recompute=(ctx.seconds(_selective_recomputed_flops(cfg, kind, T)), 0.0)
+                              recompute=(ctx.seconds(_selective_recomputed_flops(cfg, kind, T)) + moved_f, moved_f)
                               if kind in ("attn", "mlp") else None))
     params, act = sum(c.params for c in children), sum(c.activation_bytes for c in children)
-    return _parent(prefix, children, inp=T * cfg.hidden * d, d=d,
+    residual = RESIDUAL_ELEMENTS * T * cfg.hidden * d / ctx.bandwidth
+    return _parent(prefix, children, inp=T * cfg.hidden * d, d=d, extra_fwd=residual, extra_bwd=0.0,
                    backward_peak=_block_backward_peak(cfg, T, d, grads=params * d, act=act))
 
 
