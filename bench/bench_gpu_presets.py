@@ -142,6 +142,13 @@ throughput (96 GB, 500 W parts, not the preset's 700 W H100) is printed, not ass
 
 MEMORY_RANGE = (0.85, 1.0)
 
+LLAMA2_13B_HF = "hf:llama,hidden_size=5120,intermediate_size=13824,num_hidden_layers=40,num_attention_heads=40," \
+                "num_key_value_heads=40,vocab_size=32000,max_position_embeddings=4096"
+PATHS = tuple(c._replace(model=LLAMA2_13B_HF, name=c.name + " as hf:")
+              for c in CONFIGS if c.model == LLAMA2_13B)
+"""The Llama-2-13B rows again, traced from the `hf:` model (printed beside the `gpt:` path:
+[Note: memory-bound work in analytic blocks] in profile/analytic.py)."""
+
 
 def profile_of(cfg: Published, device: DeviceSpec):
     """The row's profile: analytic for a `gpt:` spec, traced on the meta device for `hf:`."""
@@ -259,6 +266,11 @@ def main() -> int:
                 dev = dataclasses.replace(base, efficiency={"matmul": mm, "attention": at})
                 print(f"fit {name} (comm_sm_share {base.comm_sm_share:.3f}): matmul {mm:.2f}, attention {at:.2f}, "
                       f"worst |log ratio| {err:.3f}; ratios {' '.join(f'{r:.3f}' for r in ratios(dev, rows))}")
+    print(f"\n{'device':6s} {'configuration':54s} {'gpt:':>9s} {'hf:':>9s} {'gpt:/hf:':>8s}")
+    for cfg in PATHS:
+        gpt = predicted_tokens_per_gpu(cfg._replace(model=LLAMA2_13B), DEVICES[cfg.device])
+        hf = predicted_tokens_per_gpu(cfg, DEVICES[cfg.device])
+        print(f"{cfg.device:6s} {cfg.name:54s} {gpt:9.0f} {hf:9.0f} {gpt / hf:8.3f}")
     print(f"\n{'device':6s} {'configuration':54s} {'reserved':>8s} {'allocated':>9s} {'predicted':>9s} {'ratio':>6s} "
           f"{'tok/s':>6s} {'predicted':>9s}")
     for cfg in MEMORY:
