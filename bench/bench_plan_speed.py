@@ -82,17 +82,20 @@ def plan(case: Case, effort: Effort):
     return p, time.perf_counter() - t0, time.process_time() - c0
 
 
-def random_case(rng: random.Random, k: int) -> Case | None:
-    """One draw of the `--random` mode (None: nothing fits the device; the caller redraws)."""
+def random_case(rng: random.Random, k: int, *, deep: bool = False) -> Case | None:
+    """One draw of the `--random` mode (None: nothing fits the device; the caller redraws);
+    `deep` (`--deep`, issue 27): 48-96 layers on 256-1024 workers."""
     llama = rng.random() < 0.5
     head_dim = rng.choice((64, 128))
     hidden = rng.randrange(1024, 12288 + 1, 256)
     hidden -= hidden % head_dim
-    cfg = GPTConfig(vocab=rng.randrange(32000, 128001, 8), layers=rng.randint(12, 96), hidden=hidden,
+    cfg = GPTConfig(vocab=rng.randrange(32000, 128001, 8), layers=rng.randint(48, 96) if deep else rng.randint(12, 96),
+                    hidden=hidden,
                     heads=hidden // head_dim, seq=rng.choice((1024, 2048, 4096, 8192)),
                     **(dict(ffn=rng.randrange(2 * hidden, 4 * hidden, 256), mlp="swiglu", norm="rmsnorm", bias=False,
                             learned_pos=False) if llama else {}))
-    case = Case(f"r{k}", cfg, rng.choice((16, 32, 64, 128, 256, 512, 1024)), rng.choice((4, 8)),
+    case = Case(f"r{k}", cfg, rng.choice((256, 512, 1024) if deep else (16, 32, 64, 128, 256, 512, 1024)),
+                rng.choice((4, 8)),
                 rng.choice(("a100", "h100")), 1, cfg.seq, 0)
     prof, cl = _profile(case), _cluster(case)
     least = least_memory_peak(prof, cl, **KW)
@@ -136,16 +139,20 @@ def main() -> None:
     ap.add_argument("--only", default=None, help="cases of this name only")
     ap.add_argument("--random", type=int, default=0, metavar="N", help="N random configurations instead")
     ap.add_argument("--seed", type=int, default=0, help="seed of --random")
+    ap.add_argument("--deep", action="store_true", help="--random draws 48-96 layers on 256-1024 workers")
+    ap.add_argument("--tenx-first", type=int, default=None, metavar="K",
+                    help="the 10x search on the first K cases only (it takes minutes each)")
     args = ap.parse_args()
     if args.random:
         rng, cases = random.Random(args.seed), []
         while len(cases) < args.random:
-            case = random_case(rng, len(cases))
+            case = random_case(rng, len(cases), deep=args.deep)
             if case is not None:
                 cases.append(case)
     else:
         cases = [c for c in CASES if args.only in (None, c.name)]
-    ratios = run(cases, tenx=not args.no_10x)
+    k = len(cases) if args.tenx_first is None else args.tenx_first
+    ratios = run(cases[:k], tenx=not args.no_10x) + (run(cases[k:], tenx=False) if k < len(cases) else [])
     if ratios:
         print(f"worst ratio {max(ratios):.4f} over {len(ratios)} cases; within 1%: "
               f"{sum(r <= 1.01 for r in ratios)}")

@@ -210,9 +210,9 @@ class Verified:
     """"fake" (FakeTensorMode: nothing allocated) or "real" (a model whose ops need real
     values, e.g. a boolean-mask loss, ran for real on this machine)."""
     unused_params: tuple[str, ...] = ()
-    """Parameters that received no gradient in the step (DDP must be told: `runtime.ddp`)."""
-    seconds: float = 0.0
-    """CPU seconds the verification took."""
+    """Parameters that received no gradient in the step (DDP must be told: `runtime.ddp`).
+    (No timing is kept: a plan's JSON is the same on every run; `bench/bench_verify.py`
+    times verification.)"""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -248,6 +248,10 @@ class Plan:
     """The engine's measurement of this plan (`shardsched.verify`); None: not verified
     (`--no-verify`, or a plan made before verification existed)."""
     extra: dict = field(default_factory=dict)
+    # issue 27 (s11-solve): kept apart, with a default, so plans without it still load
+    strategy_spec: str = ""
+    """A `--strategy` that `make_plan` turns into this plan's units, strategies, checkpointing and
+    launches ([Note: exact specs] in plan/spec.py); "" where none was recorded."""
 
     def unit(self, name: str) -> Unit:
         for u in self.units:

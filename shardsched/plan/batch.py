@@ -24,7 +24,7 @@ def _profile_at(args: argparse.Namespace, spec, cluster: Cluster, precision: Pre
 
     @functools.lru_cache(maxsize=None)
     def at(m: int):
-        return _profile(_sized(spec, micro_batch=m, seq=args.seq), m, args.seq, args, cluster, precision)
+        return _profile(_sized(spec, micro_batch=m, seq=args.seq), m, args.seq, args, cluster, precision).profile
     return at
 
 

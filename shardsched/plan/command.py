@@ -67,6 +67,10 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a("--max-batch", action="store_true",
       help="print the largest micro-batch that fits --memory-budget (default: device memory) under each uniform "
            "strategy and under auto, then exit")
+    a("--monotone", action="store_true",
+      help="auto: search only at a fixed ladder of budgets (x1.19 apart, from the least-memory figure) and answer "
+           "from the rungs at or below the budget, so a larger budget never gets a slower plan across separate "
+           "runs; costs one search per rung (10-14 on a 40-layer GPT)")
     a("--no-verify", action="store_true",
       help="skip running the plan once under FSDP2 on fake tensors before it is returned (the plan then says it "
            "is unverified, and auto plans are fitted to the prediction alone)")
@@ -158,6 +162,11 @@ def run_plan(args: argparse.Namespace) -> int:
         planned = budget.usable if given is not None or auto else None
 
         def replan(b: int | None) -> Plan:
+            if auto and getattr(args, "monotone", False):  # [Note: the budget ladder] in solve/ladder.py
+                from shardsched.core.types import Optimizer
+                from shardsched.solve.ladder import ladder_plan
+                return stated(ladder_plan(profile, cluster, spec=parse_strategy_spec(strategy), precision=precision,
+                                          optimizer=Optimizer(args.optimizer), memory_budget_bytes=b), budget)
             return stated(make_plan(profile, cluster, strategy=strategy, precision=precision, optimizer=args.optimizer,
                                     memory_budget_bytes=b, fuse=not args.no_fuse,
                                     time_limit=args.time_limit or math.inf), budget)
@@ -188,14 +197,14 @@ def _finish(args: argparse.Namespace, plan: Plan, profile, cluster: Cluster, bud
     plan = dataclasses.replace(plan, notes=plan.notes + tuple(profile.extra.get("notes", ())))
     if seq is None and spec.seq_note:
         plan = dataclasses.replace(plan, notes=plan.notes + (spec.seq_note,))
-    if given is not None and plan.verified is not None and plan.verified.peak_bytes > budget.usable:
-        sys.stderr.write(f"shardsched plan: warning: verified peak {fmt_bytes(plan.verified.peak_bytes)} exceeds "
-                         f"the usable budget {fmt_bytes(budget.usable)}; try --strategy auto\n")
-    elif given is not None and plan.predicted.peak_bytes > budget.usable:
+    if given is not None and plan.predicted.peak_bytes > budget.usable:
         # Reported, never silently accepted: the plan is still shown (and saved) for inspection.
         sys.stderr.write(f"shardsched plan: warning: predicted peak {fmt_bytes(plan.predicted.peak_bytes)} exceeds "
                          f"the usable budget {fmt_bytes(budget.usable)} (--memory-budget {fmt_bytes(given)} less "
                          f"{fmt_bytes(budget.headroom_bytes)} --headroom); try --strategy auto\n")
+    if given is not None and plan.verified is not None and plan.verified.peak_bytes > budget.usable:
+        sys.stderr.write(f"shardsched plan: warning: verified peak {fmt_bytes(plan.verified.peak_bytes)} exceeds "
+                         f"the usable budget {fmt_bytes(budget.usable)}; try --strategy auto\n")
     device_memory_warning(plan, cluster)
     if args.out:
         write_atomic(args.out, plan.to_json() + "\n")

@@ -167,8 +167,8 @@ def verified_line(plan: Plan) -> str:
     if v is None:
         return "verified peak per worker: not verified (see the notes)"
     err = (plan.predicted.peak_bytes / v.peak_bytes - 1) * 100 if v.peak_bytes else 0.0
-    return (f"verified peak per worker: {fmt_bytes(v.peak_bytes)} at {v.peak_at} ({v.engine} on {v.tensors} "
-            f"tensors; predicted {err:+.1f}%)")
+    return (f"verified peak per worker: {fmt_bytes(v.peak_bytes)} ({v.engine}, {v.tensors} tensors; predicted "
+            f"{err:+.1f}%) at {v.peak_at}")
 
 
 def summary_lines(plan: Plan) -> list[str]:

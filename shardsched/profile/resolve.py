@@ -80,27 +80,33 @@ def profiled(spec: ModelSpec, *, micro_batch: int, seq: int | None, device: Devi
     model, inputs = build_model(spec, micro_batch=micro_batch, seq=seq, measure=measure, layers=layers)
     if measure:
         return Profiled(measured(model, inputs, name=spec.name, repeats=repeats, compute_dtype=dtype), model, inputs)
+    def real():
+        return build_model(spec, micro_batch=micro_batch, seq=seq, measure=True, layers=layers)
+    return traced_or_measured(model, inputs, name=spec.name, device=device, dtype=dtype, repeats=repeats, real=real)
+
+
+def traced_or_measured(model, inputs: tuple, *, name: str, device: DeviceSpec, dtype: str, repeats: int = 3,
+                       real=None) -> Profiled:
+    """The traced profile; for a model fake tensors cannot run, the measured one.
+
+    [Note: a model fake tensors cannot run] Its code reads tensor values (a boolean mask,
+    `.item()`, CTC's lengths): the profile is measured on this machine instead (bytes and
+    seconds from a real run, as `--measure`), and the plan says so in one line. A model on
+    the meta device is built for real first (`real()`)."""
     from shardsched.profile.trace import Untraceable, trace_profile  # imports torch: only for code models
     try:
-        return Profiled(trace_profile(model, inputs, name=spec.name, device=device, compute_dtype=dtype), model, inputs)
-    except Untraceable as e:
-        return _measured_instead(spec, e, micro_batch=micro_batch, seq=seq, layers=layers, repeats=repeats,
-                                 dtype=dtype, model=model, inputs=inputs)
-
-
-def _measured_instead(spec: ModelSpec, why: Exception, *, micro_batch: int, seq: int | None, layers: str | None,
-                      repeats: int, dtype: str, model, inputs) -> Profiled:
-    """[Note: a model fake tensors cannot run] Its code reads tensor values (a boolean mask,
-    `.item()`): the profile is measured on this machine instead (bytes and seconds from a real
-    run, as `--measure`), and the plan says so in one line."""
-    if any(p.device.type == "meta" for p in model.parameters()):
-        model, inputs = build_model(spec, micro_batch=micro_batch, seq=seq, measure=True, layers=layers)
-    profile = measured(model, inputs, name=spec.name, repeats=repeats, compute_dtype=dtype)
-    op = str(why).split(": ", 1)[1].split("; accepted")[0] if ": " in str(why) else str(why)
-    note = (f"profiled by running the model on this machine (it cannot run on fake tensors: {op[:160]}): "
-            f"times are this machine's, not the --device preset's")
-    extra = {**profile.extra, "notes": (*profile.extra.get("notes", ()), note)}
-    return Profiled(dataclasses.replace(profile, extra=extra), model, inputs)
+        return Profiled(trace_profile(model, inputs, name=name, device=device, compute_dtype=dtype), model, inputs)
+    except Untraceable as why:
+        if any(p.device.type == "meta" for p in model.parameters()):
+            if real is None:
+                raise
+            model, inputs = real()
+        profile = measured(model, inputs, name=name, repeats=repeats, compute_dtype=dtype)
+        op = str(why).split(": ", 1)[1].split("; accepted")[0] if ": " in str(why) else str(why)
+        note = (f"profiled by running the model on this machine (it cannot run on fake tensors: {op[:160]}): "
+                f"times are this machine's, not the --device preset's")
+        extra = {**profile.extra, "notes": (*profile.extra.get("notes", ()), note)}
+        return Profiled(dataclasses.replace(profile, extra=extra), model, inputs)
 
 
 def cache_dir() -> Path:

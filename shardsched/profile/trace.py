@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn as nn
 import torch.utils.flop_counter as fc
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -378,6 +378,33 @@ def _fake_state(model: nn.Module, dtype: torch.dtype, mode: FakeTensorMode) -> d
     return state
 
 
+def _untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` with each tensor under its first name only: `functional_call(tie_weights=True)`
+    ties the other names itself."""
+    seen: set[int] = set()
+    out = {}
+    for k, t in state.items():
+        if id(t) not in seen:
+            seen.add(id(t))
+            out[k] = t
+    return out
+
+
+@contextlib.contextmanager
+def _restored(model: nn.Module):
+    """[Note: one module object at two places] `functional_call` swaps each name in and back
+    out in turn; a module registered twice (`layers = [L0, L1, L0, L1]`) is swapped twice, so
+    its second restore puts back the fake of the first swap, and the caller's model kept fake
+    parameters (its next `.to()` failed). Every module's own tensors are put back here."""
+    saved = [(m, dict(m._parameters), dict(m._buffers)) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, params, buffers in saved:
+            m._parameters.update(params)
+            m._buffers.update(buffers)
+
+
 def _module_params(state: dict[str, torch.Tensor], modules: list[str]) -> dict[str, list[torch.Tensor]]:
     """Per module path, the (fake) parameters under it that need a gradient, each once."""
     out = {}
@@ -389,6 +416,61 @@ def _module_params(state: dict[str, torch.Tensor], modules: list[str]) -> dict[s
 
 def _fake_inputs(inputs: tuple, dtype: torch.dtype, mode: FakeTensorMode) -> tuple:
     return tuple(_fake_like(x, dtype, mode) if isinstance(x, torch.Tensor) else x for x in inputs)
+
+
+# [Note: boolean masks on fake tensors]
+# A loss that reads a boolean mask (`logits[mask]`, `y[mask]`: a GNN's training nodes, a
+# masked-LM's positions) has an output whose length is the mask's count: a fake tensor has no
+# values, so `aten.index` failed (DynamicOutputShapeException on nonzero) and the model was
+# profiled by running it for real (`profile/measure.py`), whose profile lacks the selective and
+# window fields (a GNN's full_shard+sac plan was 33% over its verified peak). A mask that is one
+# of the model's inputs (or a view of one) has its values in the caller's example inputs, so
+# `_RealMasks` answers those ops from them: the mask's count on the real tensor, the op on fake
+# integer indices of that length (what `nonzero` turns the mask into). Autograd saves the op's
+# arguments above this mode (the mask, an input: no bytes), so what the trace counts is the
+# program's. A mask the model computes from its inputs still cannot trace.
+
+_aten = torch.ops.aten
+_INDEXING = {_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.default, _aten._index_put_impl_.default}
+
+
+class _RealMasks(TorchDispatchMode):
+    """Directly above FakeTensorMode: boolean-mask indexing by a mask the inputs hold."""
+
+    def __init__(self, real: dict[int, torch.Tensor]):
+        super().__init__()
+        self.real = real  # fake input's storage key -> the real input (contiguous)
+
+    def _real(self, t) -> tuple[int, int] | None:
+        """(true count, dims) of a mask the inputs hold, else None."""
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.bool:
+            return None
+        r = self.real.get(_storage_key(t))
+        if r is None:
+            return None
+        with unset_fake_temporarily():
+            return int(r.as_strided(t.shape, t.stride(), t.storage_offset()).sum()), t.dim()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _INDEXING and len(args) > 1 and any(self._real(i) is not None for i in args[1]):
+            indices = []
+            for i in args[1]:
+                r = self._real(i)
+                if r is None:
+                    indices.append(i)
+                    continue
+                indices += [torch.empty(r[0], dtype=torch.long, device=i.device) for _ in range(r[1])]
+            args = (args[0], indices, *args[2:])
+        elif func is _aten.nonzero.default and self._real(args[0]) is not None:
+            r = self._real(args[0])
+            return torch.empty(r, dtype=torch.long, device=args[0].device)
+        return func(*args, **kwargs)
+
+
+def _real_masks(inputs: tuple, fake_inputs: tuple) -> _RealMasks:
+    return _RealMasks({_storage_key(f): r.detach().contiguous() for r, f in zip(inputs, fake_inputs)
+                       if isinstance(r, torch.Tensor) and r.dtype == torch.bool and isinstance(f, torch.Tensor)})
 
 
 def loss_of(out: Any) -> torch.Tensor:
@@ -424,6 +506,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
                            parents=tracer.parent, params=_module_params(state, [*names, *tracer.parent]))
     kept: list[torch.Tensor] = []  # keep saved storages alive: no StorageImpl reuse while we dedupe
     rules = _FakeRules()
+    masks = _real_masks(inputs, fake_inputs)  # [Note: boolean masks on fake tensors]
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         k = _storage_key(t)
@@ -454,10 +537,10 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         return t
 
     try:
-        with _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, rules, _Counter(tracer), _Tagger(tracer), ws, warnings.catch_warnings():
+        with _restored(model), _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, masks, rules, _Counter(tracer), _Tagger(tracer), ws, warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                loss = loss_of(torch.func.functional_call(model, dict(state), fake_inputs, tie_weights=True))
+                loss = loss_of(torch.func.functional_call(model, _untied(state), fake_inputs, tie_weights=True))
             ws.close_exits()  # the loss is computed: backward is not code between modules
             kept.clear()  # the graph holds what backward needs; activations must free as it runs
             tracer.stats.sac_forward = False
@@ -476,7 +559,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         tracer.stats.recall.update(ws.recall)
         tracer.stats.bucketed.update(ws.bucketed)
         tracer.remove()
-    with _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, rules, warnings.catch_warnings():
+    with _restored(model), _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, masks, rules, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for keep, out in ((None, tracer.stats.forward_nosave),
                           *((m, tracer.stats.sac[m].forward) for m in sac.MODES)):
@@ -537,7 +620,7 @@ def _forward_without_saving(model: nn.Module, state: dict, inputs: tuple, names:
     keep = _KeepSaved(keep_saved, model, names) if keep_saved else contextlib.nullcontext()
     try:
         with ws, torch.no_grad(), keep:
-            torch.func.functional_call(model, dict(state), inputs, tie_weights=True)
+            torch.func.functional_call(model, _untied(state), inputs, tie_weights=True)
     finally:
         ws.finish()
     return ws.forward

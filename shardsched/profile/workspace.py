@@ -58,6 +58,18 @@ from torch.utils.weak import WeakIdKeyDictionary
 # embedding: integer tokens) never closes its window; the caller closes it when backward ends.
 
 
+# [Note: inputs passed twice]
+# A module called with one tensor at several arguments (`self_attn(x, x, x)` in
+# nn.TransformerEncoderLayer) tests their identity: `F.multi_head_attention_forward` projects
+# q, k and v with one packed Linear when `query is key is value` (one saved input, one (T, 3h)
+# storage) and with three Linears otherwise (three copies of a transposed input saved). So the
+# window's identity keeps them one object: passing each argument through its own output of
+# `BackwardHookFunction` made the trace take the three-Linear path the verified run (whose unit
+# is the whole block) does not: a ViT of such layers was predicted 9.7% over (two (B, T, h) a
+# block). FSDP2 wraps a unit's inputs one by one (`RegisterPostBackwardFunction`), so a plan
+# that makes the attention module a unit of its own does take the three-Linear path there.
+
+
 def _wrap_inputs(args, kwargs, end):
     """(args, kwargs) with the tensors that need a gradient passed through one
     `BackwardHookFunction` (the identity a full backward hook puts on inputs), and `end`
@@ -67,10 +79,14 @@ def _wrap_inputs(args, kwargs, end):
     idx = [i for i, t in enumerate(flat) if isinstance(t, torch.Tensor) and t.requires_grad]
     if not idx or not torch.is_grad_enabled():
         return None
-    wrapped = BackwardHookFunction.apply(*(flat[i] for i in idx))
+    slot: dict[int, int] = {}  # one wrapped tensor per distinct input: [Note: inputs passed twice]
+    for i in idx:
+        slot.setdefault(id(flat[i]), len(slot))
+    distinct = list({id(flat[i]): flat[i] for i in idx}.values())
+    wrapped = BackwardHookFunction.apply(*distinct)
     wrapped = wrapped if isinstance(wrapped, tuple) else (wrapped,)
-    for i, t in zip(idx, wrapped):
-        flat[i] = t
+    for i in idx:
+        flat[i] = wrapped[slot[id(flat[i])]]
     register_multi_grad_hook(wrapped, end, mode="all")
     return tree_unflatten(flat, spec)
 

@@ -38,8 +38,9 @@ def finds_unused(plan: Plan) -> bool:
     fails the second step ("Expected to have finished reduction in the prior iteration").
     `find_unused_parameters` walks the autograd graph every step to mark such parameters
     ready; it costs that walk, so it is on only where verification saw a parameter with no
-    gradient (`Verified.unused_params`), or where the plan was never verified."""
-    return plan.verified is None or bool(plan.verified.unused_params)
+    gradient (`Verified.unused_params`). An unverified plan (`--no-verify`, a plan written by
+    hand) keeps DDP's own default, off.""" 
+    return plan.verified is not None and bool(plan.verified.unused_params)
 
 
 def replicate_with_ddp(model: nn.Module, *, mesh: DeviceMesh, find_unused_parameters: bool = False) -> nn.Module:

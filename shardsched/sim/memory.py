@@ -347,7 +347,10 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
                         comm=held_rs + pending),
                     _mb(live, unsharded=live.unsharded_live(s, exclude=i), grads=grads + live.ugrad[i],
                         act=act, comm=live.rsbuf[i] + pending)]
-    else:  # module by module; the unit stays gathered until its last module's backward
+    elif not live.ddp:  # module by module; the unit stays gathered until its last module's backward
+        # (on DDP no module holds its gradients and its windows are the bucketed ones: each
+        # such moment is one of `bucketed_peak`'s; counted with FSDP2's windows, a DDP plan of
+        # a fused nn.TransformerEncoderLayer stack was 3.2% over)
         last = sc.units[i].last_end(sc.state.unsharded_grad, checkpointed=sc.ckpt(i), in_place=sc.accumulates_in_place)
         moments.append(_mb(live, unsharded=unsharded, grads=grads, act=act + last, comm=held_rs + pending))
         moments += [_mb(live, unsharded=unsharded, grads=grads + done, act=act + own, comm=rs + ag + pending)

@@ -13,6 +13,7 @@ Pipeline (all judged by the simulator, `sim.simulate`, the ground truth):
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
@@ -20,15 +21,19 @@ from shardsched._fmt import fmt_bytes
 from shardsched.cost.device import Cluster
 from shardsched.errors import UsageError
 from shardsched.solve.baselines import Scored, uniform_baselines
-from shardsched.solve.candidates import Problem, candidate_problems, finest_problem
+from shardsched.solve.candidates import Choice, Problem, candidate_problems, finest_problem
 from shardsched.solve.greedy import least_memory
-from shardsched.solve.search import CONTEND_UNITS, FULL_WINDOW_UNITS, Effort, Search, ahead_for, search, with_baseline_groupings
-from shardsched.plan.spec import StrategySpec
+from shardsched.solve.named import one_override_plans
+from shardsched.solve.search import (CONTEND_UNITS, FULL_WINDOW_UNITS, Effort, Search, ahead_for, local_polish,
+                                     search, with_baseline_groupings)
+from shardsched.plan.spec import StrategySpec, exact_spec
 from shardsched.core.types import Checkpoint, Optimizer, Plan, Precision, SolverInfo, Strategy
 from shardsched.profile.types import Profile
 from shardsched.sim.memory import step_memory
 
 GiB = 1 << 30
+NAMED_PLANS = ("every uniform --strategy word (each strategy; none, +ckpt, +sac) as make_plan plans it, and each "
+               "with one unit or one layer overridden to another strategy and/or checkpointing")
 
 
 class InfeasibleBudget(UsageError):
@@ -39,6 +44,20 @@ def auto_search(profile: Profile, cluster: Cluster, *, spec: StrategySpec, preci
                 optimizer: Optimizer, budget: int, effort: Effort = Effort(), time_limit: float = math.inf,
                 seeds: tuple[Scored, ...] = (), accumulation=None) -> tuple[Search, list[Scored], list[Problem], dict]:
     """The search of `auto_plan` (the sweep calls it directly to pass `seeds` along)."""
+    base, problems, pins = declared_space(profile, cluster, spec=spec, precision=precision, optimizer=optimizer,
+                                          accumulation=accumulation)
+    kw = dict(pins=pins, precision=precision, optimizer=optimizer)
+    found = search(problems, budget=budget, base=base, seeds=seeds, effort=effort, time_limit=time_limit)
+    if found is None:
+        raise InfeasibleBudget(infeasible_message(profile, cluster, budget=budget, problems=problems, **kw))
+    found = never_beaten(found, profile, cluster, budget=budget, effort=effort, accumulation=accumulation,
+                         word_peaks={s.name: s.peak for s in base}, **kw)
+    return found, base, problems, pins
+
+
+def declared_space(profile: Profile, cluster: Cluster, *, spec: StrategySpec, precision: Precision,
+                   optimizer: Optimizer, accumulation=None) -> tuple[list[Scored], list[Problem], dict]:
+    """The uniform baselines, the groupings searched and the spec's pins (none depends on the budget)."""
     pins = {k: v for k, v in spec.for_layers([layer.name for layer in profile.layers]).items() if v is not None}
     kw = dict(pins=pins, precision=precision, optimizer=optimizer)
     base = uniform_baselines(profile, cluster, **kw)
@@ -50,17 +69,34 @@ def auto_search(profile: Profile, cluster: Cluster, *, spec: StrategySpec, preci
     if accumulation:  # (K, GradSync): every schedule priced for K micro-batches per step
         from shardsched.solve.batch import accumulating
         base, problems = accumulating(base, problems, accumulation)
-    problems = with_baseline_groupings(problems, base, pins)
-    found = search(problems, budget=budget, base=base, seeds=seeds, effort=effort, time_limit=time_limit)
-    if found is None:
-        raise InfeasibleBudget(infeasible_message(profile, cluster, budget=budget, problems=problems, **kw))
-    return found, base, problems, pins
+    return base, with_baseline_groupings(problems, base, pins), pins
 
 
-def search_space(problems: list[Problem], effort: Effort, pins: dict) -> dict:
+def never_beaten(found: Search, profile: Profile, cluster: Cluster, *, pins: dict, precision: Precision,
+                 optimizer: Optimizer, budget: int, effort: Effort, accumulation=None,
+                 word_peaks: dict[str, int] | None = None) -> Search:
+    """The search's plan, or the fastest fitting plan `--strategy` can name (a uniform word with at
+    most one override: [Note: plans a user can name] in `solve/named.py`) where one is faster,
+    polished (`search.local_polish`) in its grouping. Either way no such plan is faster. Under
+    gradient accumulation the named plans are not scored (left: `Replay` prices one micro-batch)."""
+    if accumulation:
+        return found
+    named, count = one_override_plans(profile, cluster, pins=pins, precision=precision, optimizer=optimizer,
+                                      budget=budget, best=found.best.seconds, word_peaks=word_peaks)
+    found = found._replace(named=count)
+    if named is None:
+        return found
+    better = local_polish(named.problem, named, budget=budget, effort=effort)
+    return found._replace(best=better, bound=min(found.bound, better.seconds),
+                          notes=found.notes + (f"started from --strategy '{named.name}' ({named.seconds:.6g} s), "
+                                               f"faster than the search's plan ({found.best.seconds:.6g} s)",))
+
+
+def search_space(problems: list[Problem], effort: Effort, pins: dict, named: int = 0) -> dict:
     """What `solver.search_space` records: enough to say what "optimal" was over."""
     largest = max(p.n for p in problems)
     return {"groupings": len(problems), "units": sorted({p.n for p in problems}),
+            "named_plans": {"plans": named, "what": NAMED_PLANS},
             "strategies": sorted({k.label for p in problems for a in p.allowed for k in a}),
             "checkpointing": ("none, selective or full per unit, never the root"
                               if any(p.selective for p in problems) else "none or full per unit, never the root"),
@@ -101,11 +137,20 @@ def plan_of(found: Search, profile: Profile, *, base: list[Scored], problems: li
     budget = memory_budget_bytes if memory_budget_bytes is not None else best.problem.cluster.device.memory_bytes
     solver = SolverInfo(name="highs" if best.name == "highs" else "greedy", status=found.status(),
                         gap=found.gap, bound=found.bound, seconds=time.perf_counter() - t0,
-                        search_space=search_space(problems, effort, pins))
+                        search_space=search_space(problems, effort, pins, found.named))
     notes = explain(best, baselines=base, budget=budget, candidates=len(problems), pins=pins) + list(found.notes)
-    return plan_from_scenario(best.problem.scenario(best.choice), profile=profile,
+    plan = plan_from_scenario(best.problem.scenario(best.choice), profile=profile,
                               memory_budget_bytes=memory_budget_bytes, solver=solver, precision=precision,
                               optimizer=optimizer, notes=tuple(notes))
+    return dataclasses.replace(plan, strategy_spec=spec_of(best.problem, best.choice))
+
+
+def spec_of(p: Problem, ch: Choice) -> str:
+    """The `--strategy` that gives this schedule back (`plan.spec.exact_spec`)."""
+    owner = {c.name: layer.name for layer in p.profile.layers for c in layer.children}
+    ckpt = ch.ckpt or (False,) * p.n
+    return exact_spec([(c.layers, k, Checkpoint(m), f, b) for c, k, m, f, b
+                       in zip(p.costs, ch.strategies, ckpt, ch.fwd, ch.bwd)], owner)
 
 
 def least_memory_peak(profile: Profile, cluster: Cluster, *, precision: Precision, optimizer: Optimizer,
@@ -146,10 +191,31 @@ def infeasible_message(profile: Profile, cluster: Cluster, *, budget: int, probl
     kind, size = max(((k, getattr(parts, k)) for k in ("params", "grads", "optimizer", "activations",
                                                         "comm_buffers")), key=lambda kv: kv[1])
     need = best.total
+    given, headroom = given_budget(need, cluster)
     return (f"no plan fits the memory budget of {fmt_bytes(budget)}: the least-memory plan "
             f"(full_shard everywhere, checkpointed, no prefetch, smallest units) needs {need} bytes ({fmt_bytes(need)}) "
-            f"at {best.name}, dominated by {kind} ({fmt_bytes(size)}); use --memory-budget {_round_up(need)} "
-            f"or more, a larger world, or a smaller micro-batch")
+            f"at {best.name}, dominated by {kind} ({fmt_bytes(size)}); use --memory-budget {given} or more "
+            f"({_round_up(need)} usable after the device's default --headroom {headroom.text}), "
+            f"a larger world, or a smaller micro-batch")
+
+
+def given_budget(need: int, cluster: Cluster) -> tuple[str, "Headroom"]:
+    """The `--memory-budget` text whose usable part under the device's default headroom
+    (`cost.headroom`) is at least `need` (issue 27: the message quoted the usable figure, and
+    passing it was refused again), and that headroom."""
+    from shardsched.cost.bytes import parse_bytes
+    from shardsched.cost.headroom import headroom_for
+
+    headroom = headroom_for(None, cluster.device)
+    usable = lambda x: x - headroom.bytes_of(x)  # noqa: E731 (`cost.headroom.usable_budget`)
+    x = math.ceil((need + headroom.fixed_bytes) / (1 - headroom.fraction))
+    while usable(x) < need:
+        x += 1
+    text = _round_up(x)
+    while usable(parse_bytes(text)) < need:  # the text rounds up; parsing it back must not lose bytes
+        x = parse_bytes(text) + max(1, x // 10_000)
+        text = _round_up(x)
+    return text, headroom
 
 
 def _round_up(n: int) -> str:

@@ -205,6 +205,8 @@ class Search(NamedTuple):
     notes: tuple[str, ...]
     cut: bool
     """Whether `time_limit` cut the search short."""
+    named: int = 0
+    """Plans `--strategy` can name that were scored against the result (`solve.named`)."""
 
     @property
     def gap(self) -> float:

@@ -120,7 +120,7 @@ def csv_text(points: list[Point], cluster: Cluster) -> str:
     w = csv.writer(buf)
     comp_keys = list(composition(None, cluster))
     w.writerow(["budget_bytes", "budget_gib", "auto_step_seconds", "auto_peak_bytes", "auto_units", *comp_keys,
-                "auto_solver", "auto_gap", *[f"{n}_step_seconds" for n in names]])
+                "auto_solver", "auto_gap", *[f"{n}_step_seconds" for n in names], "auto_verified_peak_bytes"])
     for p in points:
         a = p.auto
         comp = composition(a, cluster)
@@ -128,5 +128,6 @@ def csv_text(points: list[Point], cluster: Cluster) -> str:
                     f"{a.predicted.step_seconds:.6g}" if a else "", a.predicted.peak_bytes if a else "",
                     len(a.units) if a else "", *[comp[k] for k in comp_keys],
                     a.solver.name if a else "", "" if a is None or a.solver.gap is None else f"{a.solver.gap:.3g}",
-                    *[f"{p.uniform[n].seconds:.6g}" if p.fits(n) else "" for n in names]])
+                    *[f"{p.uniform[n].seconds:.6g}" if p.fits(n) else "" for n in names],
+                    a.verified.peak_bytes if a and a.verified else ""])
     return buf.getvalue()

@@ -67,7 +67,7 @@ def local_profile(cfg: TrainConfig, built: Built, *, world: int, device: DeviceS
     from shardsched.models.spec import parse_model_spec
     from shardsched.profile.analytic import analytic_profile
     from shardsched.profile.resolve import compute_dtype
-    from shardsched.profile.trace import trace_profile
+    from shardsched.profile.resolve import traced_or_measured
     dtype = compute_dtype(Precision(cfg.precision))
     config = parse_model_spec(cfg.model).config
     # [Note: a calibrated device prices traced FLOPs] The analytic profile prices every
@@ -81,7 +81,7 @@ def local_profile(cfg: TrainConfig, built: Built, *, world: int, device: DeviceS
         from shardsched.train.config import model_config, worker_rows
         return analytic_profile(model_config(cfg.model, seq=cfg.seq), micro_batch=worker_rows(cfg, world=world),
                                 seq=cfg.seq, device=device, compute_dtype=dtype, name=cfg.model)
-    return trace_profile(built.model, built.example_inputs, name=cfg.model, device=device, compute_dtype=dtype)
+    return traced_or_measured(built.model, built.example_inputs, name=cfg.model, device=device, dtype=dtype).profile
 
 
 def make_local_plan(cfg: TrainConfig, built: Built, *, world: int, profile: Profile | None = None) -> Plan:

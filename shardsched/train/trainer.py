@@ -416,6 +416,7 @@ def _summary(run: _Run, start: int, peaks: list) -> dict:
         "measured_peak_bytes": max(known) if known else None,
         "measured_peak_bytes_per_worker": peaks,
         "predicted_peak_bytes": plan.predicted.peak_bytes,
+        "verified_peak_bytes": plan.verified.peak_bytes if plan.verified else None,
         "memory_budget_bytes": plan.memory_budget_bytes,
         "measured_step_seconds": median,
         "predicted_step_seconds": plan.predicted.step_seconds,

@@ -52,6 +52,12 @@ class Spec:
     skip: bool = False     # cnn: a U-Net (encoder outputs concatenated into the decoder)
     wrapped: bool = False
     seed: int = 0
+    # Drawn last (`_extended`), so every earlier draw of a seed is what it was:
+    cell: str = "lstm"     # rnn: "lstm" | "gru"; encoder: "pre" | "post" (norm_first or not)
+    mask_loss: bool = False  # the loss reads a boolean mask (`logits[mask]`): not traceable
+    shared: bool = False   # lm/encoder: one block object at two places ([L0, L1, L0, L1])
+    scalar: bool = False   # a 0-dim parameter (a learned temperature) scales the logits
+    frozen: bool = False   # a frozen (requires_grad=False) parameter table (positions)
 
 
 # ---------------------------------------------------------------- building blocks
@@ -207,6 +213,119 @@ class Mixer(nn.Module):
         return F.cross_entropy(self.head(self.norm(h).mean(1)), y)
 
 
+def _extras(model: nn.Module, s: Spec, d: int, seq: int) -> None:
+    """The scalar and frozen parameters a Spec asks for (read by `_finish`)."""
+    model.scale = nn.Parameter(torch.tensor(1.0)) if s.scalar else None
+    model.frozen = nn.Parameter(torch.randn(seq, d) * 0.02, requires_grad=False) if s.frozen else None
+
+
+def _start(model: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    return h + model.frozen if model.frozen is not None else h
+
+
+def _loss(model: nn.Module, logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None):
+    """Cross-entropy over (N, classes) logits, through the 0-dim scale and a boolean mask when asked."""
+    if model.scale is not None:
+        logits = logits * model.scale.exp()
+    if mask is not None:
+        return F.cross_entropy(logits[mask], targets[mask])
+    return F.cross_entropy(logits, targets)
+
+
+class RnnLM(nn.Module):
+    """An nn.LSTM / nn.GRU language model (a fused RNN kernel, oneDNN's workspace)."""
+
+    def __init__(self, s: Spec):
+        super().__init__()
+        d = s.width
+        self.embed = nn.Embedding(s.vocab, d)
+        self.rnn = (nn.LSTM if s.cell == "lstm" else nn.GRU)(d, d, num_layers=s.depth, batch_first=True)
+        self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, s.vocab, bias=False)
+        if s.tied:
+            self.head.weight = self.embed.weight
+        _extras(self, s, d, s.seq)
+
+    def forward(self, idx, targets, *mask):
+        h, _ = self.rnn(_start(self, self.embed(idx)))
+        return _loss(self, self.head(self.norm(h)).flatten(0, 1), targets.flatten(),
+                     mask[0].flatten() if mask else None)
+
+
+class Encoder(nn.Module):
+    """A stack of nn.TransformerEncoderLayer (pre- or post-norm), classifying the mean token;
+    with `shared`, layer objects at two places."""
+
+    def __init__(self, s: Spec):
+        super().__init__()
+        d = s.width
+        self.stem = nn.Linear(48, d)
+        make = lambda: nn.TransformerEncoderLayer(d, max(1, d // 16), 2 * d, dropout=0.0, batch_first=True,  # noqa: E731
+                                                  norm_first=s.cell == "pre")
+        if s.shared:
+            a, b = make(), make()
+            self.blocks = nn.ModuleList([a, b, a, b][:max(3, s.depth)])
+        else:
+            self.blocks = nn.ModuleList(make() for _ in range(s.depth))
+        self.head = nn.Linear(d, s.vocab)
+        _extras(self, s, d, s.seq)
+
+    def forward(self, x, y, *mask):
+        h = _start(self, self.stem(x))
+        for blk in self.blocks:
+            h = blk(h)
+        return _loss(self, self.head(h.mean(1)), y, mask[0] if mask else None)
+
+
+class MessagePassing(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.msg, self.upd = nn.Linear(d, d), nn.Linear(2 * d, d)
+
+    def forward(self, h, src, dst):
+        agg = torch.zeros_like(h).index_add_(0, dst, F.relu(self.msg(h[src])))
+        return F.relu(self.upd(torch.cat([h, agg], -1)))
+
+
+class Gnn(nn.Module):
+    """Message passing by gather and `index_add_` scatter, node classification."""
+
+    def __init__(self, s: Spec):
+        super().__init__()
+        d = s.width
+        self.inp = nn.Linear(16, d)
+        self.layers = nn.ModuleList(MessagePassing(d) for _ in range(s.depth))
+        self.out = nn.Linear(d, s.vocab)
+        _extras(self, s, d, s.seq)
+
+    def forward(self, x, src, dst, y, *mask):
+        h = _start(self, self.inp(x))
+        for layer in self.layers:
+            h = layer(h, src, dst)
+        return _loss(self, self.out(h), y, mask[0] if mask else None)
+
+
+class HfLabels(nn.Module):
+    """A Hugging Face causal LM trained through its own `labels=` (its loss in the model)."""
+
+    def __init__(self, s: Spec):
+        super().__init__()
+        from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+        if s.cell == "llama":
+            cfg = LlamaConfig(vocab_size=s.vocab, hidden_size=s.width, intermediate_size=2 * s.width,
+                              num_hidden_layers=s.depth, num_attention_heads=max(1, s.width // 16),
+                              num_key_value_heads=max(1, s.width // 32), max_position_embeddings=s.seq,
+                              tie_word_embeddings=s.tied, use_cache=False)
+            self.model = LlamaForCausalLM(cfg)
+        else:
+            cfg = GPT2Config(vocab_size=s.vocab, n_embd=s.width, n_layer=s.depth, n_head=max(1, s.width // 16),
+                             n_positions=s.seq, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                             tie_word_embeddings=s.tied, use_cache=False)
+            self.model = GPT2LMHeadModel(cfg)
+
+    def forward(self, idx, labels):
+        return self.model(idx, labels=labels).loss
+
+
 class Wrapper(nn.Module):
     def __init__(self, inner: nn.Module):
         super().__init__()
@@ -217,14 +336,29 @@ class Wrapper(nn.Module):
 
 
 FAMILIES = {"lm": LM, "cnn": CNN, "mixer": Mixer}
+EXTENDED = {"rnn": RnnLM, "encoder": Encoder, "gnn": Gnn, "hf": HfLabels}  # `_extended`
 
 
 def build(s: Spec) -> tuple[nn.Module, tuple]:
     torch.manual_seed(s.seed)
-    model = UNet(s) if s.skip else FAMILIES[s.family](s)
+    model = UNet(s) if s.skip else {**FAMILIES, **EXTENDED}[s.family](s)
     if s.wrapped:
         model = Wrapper(model)
     g = torch.Generator().manual_seed(s.seed)
+    if s.family in ("rnn", "hf"):
+        x = torch.randint(0, s.vocab, (s.batch, s.seq), generator=g)
+        y = torch.randint(0, s.vocab, (s.batch, s.seq), generator=g)
+        return model, (x, y, *_mask((s.batch, s.seq), s, g))
+    if s.family == "encoder":
+        x = torch.randn(s.batch, s.seq, 48, generator=g)
+        y = torch.randint(0, s.vocab, (s.batch,), generator=g)
+        return model, (x, y, *_mask((s.batch,), s, g))
+    if s.family == "gnn":
+        nodes = s.seq
+        x = torch.randn(nodes, 16, generator=g)
+        src, dst = (torch.randint(0, nodes, (4 * nodes,), generator=g) for _ in range(2))
+        y = torch.randint(0, s.vocab, (nodes,), generator=g)
+        return model, (x, src, dst, y, *_mask((nodes,), s, g))
     if s.family == "lm":
         x = torch.randint(0, s.vocab, (s.batch, s.seq), generator=g)
         y = torch.randint(0, s.vocab, (s.batch, s.seq), generator=g)
@@ -235,6 +369,15 @@ def build(s: Spec) -> tuple[nn.Module, tuple]:
         x = torch.randn(s.batch, s.seq, 48, generator=g)
         y = torch.randint(0, s.vocab, (s.batch,), generator=g)
     return model, (x, y)
+
+
+def _mask(shape: tuple, s: Spec, g: torch.Generator) -> tuple:
+    """A boolean mask input (about half true, never empty) when the Spec's loss reads one."""
+    if not s.mask_loss:
+        return ()
+    mask = torch.rand(shape, generator=g) < 0.5
+    mask.view(-1)[0] = True
+    return (mask,)
 
 
 # ---------------------------------------------------------------- drawing cases
@@ -307,18 +450,44 @@ def _selective(rng: random.Random, ps: PlanSpec) -> PlanSpec:
     return dataclasses.replace(ps, strategy=words[0], other=words[1])
 
 
-def draw_case(seed: int) -> tuple[Spec, PlanSpec]:
+def draw_case(seed: int, extended: bool = False) -> tuple[Spec, PlanSpec]:
+    """`extended`: issue 26's structures too (`_extended`, drawn last: the earlier draws of a
+    seed are the same either way, and without it the case is what it always was)."""
     rng = random.Random(seed)
     spec, plan = draw_spec(rng), draw_plan(rng)
     # Half the CNNs are U-Nets; drawn last, so every other draw of a seed is what it was.
     if spec.family == "cnn" and rng.random() < 0.5:
         spec = dataclasses.replace(spec, skip=True)
-    return spec, plan
+    return (_extended(rng, spec) if extended else spec), plan
 
 
-def cases():
+def _extended(rng: random.Random, spec: Spec) -> Spec:
+    """Issue 26's structures, drawn last so every other draw of a seed is what it was: with
+    probability 0.4 the case's model becomes an nn.LSTM/nn.GRU LM, an nn.TransformerEncoderLayer
+    stack, a scatter GNN or an HF causal LM trained through `labels=` (its depth, width, batch
+    and seed kept); a boolean-mask loss, shared block objects, a 0-dim and a frozen parameter
+    are drawn on the families that can have them."""
+    if rng.random() >= 0.4:
+        return spec
+    family = rng.choice(sorted(EXTENDED))
+    depth, width = min(spec.depth, 3), rng.choice([32, 64])
+    common = dict(seed=spec.seed, batch=spec.batch, wrapped=spec.wrapped, depth=depth, width=width)
+    if family == "hf":
+        return Spec(family="hf", vocab=rng.choice([256, 1000]), seq=rng.choice([16, 32]), tied=rng.random() < 0.5,
+                    cell=rng.choice(["gpt2", "llama"]), **common)
+    extra = dict(mask_loss=rng.random() < 0.3, scalar=rng.random() < 0.3, frozen=rng.random() < 0.3)
+    if family == "rnn":
+        return Spec(family="rnn", vocab=rng.choice([256, 1000]), seq=rng.choice([16, 32]), tied=rng.random() < 0.5,
+                    cell=rng.choice(["lstm", "gru"]), **common, **extra)
+    if family == "encoder":
+        return Spec(family="encoder", vocab=10, seq=rng.choice([16, 32]), cell=rng.choice(["pre", "post"]),
+                    shared=rng.random() < 0.3, **common, **extra)
+    return Spec(family="gnn", vocab=7, seq=rng.choice([64, 200]), **common, **extra)
+
+
+def cases(extended: bool = False):
     """The hypothesis strategy of the tests: a seed, drawn into one case."""
-    return st.integers(0, 2**31 - 1).map(draw_case)
+    return st.integers(0, 2**31 - 1).map(lambda seed: draw_case(seed, extended))
 
 
 # ---------------------------------------------------------------- one case
@@ -356,3 +525,33 @@ def measure(s: Spec, ps: PlanSpec) -> Case:
     predicted = plan.predicted.peak_bytes
     return Case(spec=s, plan=ps, predicted=predicted, measured=measured, budget=budget,
                 error=predicted / measured - 1, units=[f"{u.name}:{u.strategy.value}" for u in plan.units])
+
+
+def verified_case(s: Spec, ps: PlanSpec) -> Case:
+    """The case planned as users plan it (`shardsched.api.plan_model`: traced, or measured when
+    the model cannot trace; verified under FSDP2 on fake tensors, or real ones; auto corrected
+    by the closed loop), one micro-batch, the fuse choice the planner's own: (predicted,
+    verified) peak bytes and, for auto, the usable budget the plan must fit."""
+    from shardsched.api import plan_model
+    from shardsched.core.types import Optimizer, Precision
+    from shardsched.profile.resolve import traced_or_measured
+    from shardsched.solve.auto import least_memory_peak
+    torch.set_num_threads(1)
+    model, inputs = build(s)
+    cluster = Cluster(world=ps.world, gpus_per_node=ps.world, device=DEVICES["cpu"])
+    profile = traced_or_measured(model, inputs, name="generated", device=DEVICES["cpu"], dtype="float32").profile
+    budget, strategy = None, ps.strategy
+    if ps.strategy == "auto":
+        least = least_memory_peak(profile, cluster, precision=Precision.FP32, optimizer=Optimizer.ADAM)
+        budget = int(least * ps.budget_factor)
+    if ps.other:
+        names = [layer.name for layer in profile.layers if layer.name][ps.first::ps.every]
+        strategy += "".join(f",{n}={ps.other}" for n in names)
+    model, inputs = build(s)
+    plan = plan_model(model, inputs, world=ps.world, gpus_per_node=ps.world, strategy=strategy,
+                      memory_budget=budget, headroom="0", name="generated")
+    verified = plan.verified.peak_bytes if plan.verified else None
+    return Case(spec=s, plan=ps, predicted=plan.predicted.peak_bytes, measured=verified, budget=budget,
+                error=None if verified is None else plan.predicted.peak_bytes / verified - 1,
+                replanned=any("planned again after verification" in n for n in plan.notes),
+                units=[f"{u.name}:{u.strategy.value}" for u in plan.units])

@@ -62,6 +62,26 @@ def test_infeasible_budget_names_the_smallest_that_fits():
         plan(prof, cl, need - 1)
 
 
+def test_the_advised_budget_is_accepted():
+    """Issue 27: the --memory-budget the message advises leaves, after the device's default
+    headroom (5%+1GiB on GPUs), at least what the least-memory plan needs; the usable figure is
+    said apart."""
+    from shardsched.cost.bytes import parse_bytes
+    from shardsched.cost.headroom import headroom_for, usable_budget
+
+    prof, cl = setup("gpt2", 16, 8, "v100", 8, 1024)
+    with pytest.raises(InfeasibleBudget) as e:
+        plan(prof, cl, 1 << 30)
+    msg = str(e.value)
+    need = int(re.search(r"needs (\d+) bytes", msg).group(1))
+    given = re.search(r"use --memory-budget (\S+) or more", msg).group(1)
+    usable = usable_budget(parse_bytes(given), device_memory=cl.device.memory_bytes,
+                           headroom=headroom_for(None, cl.device)).usable
+    assert usable >= need and parse_bytes(given) > need  # a GPU keeps headroom
+    assert "usable" in msg and "--headroom 5%+1GiB" in msg
+    assert plan(prof, cl, usable).predicted.peak_bytes <= usable
+
+
 def test_pins_notes_and_json():
     prof, cl = setup("small", 8, 8, "cpu", 4, 256)
     p = make_plan(prof, cl, strategy="auto,head=replicate,embed=full_shard", precision="bf16-mixed",

@@ -1,0 +1,90 @@
+"""The engine's run of a plan (`shardsched.verify.engine`): on fake tensors it measures what
+real tensors measure, and what the engine refuses or breaks on is handled before a step."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from shardsched.api import plan_model
+from shardsched.core.types import Plan
+from shardsched.runtime.ddp import finds_unused
+from shardsched.train.launcher import launch
+from shardsched.verify.engine import verify_plan
+
+from ..plan._fsdp2 import measured_peak
+from . import user_models as um
+
+# (builder, strategy): the fused RNN kernel, a DDP plan (verified without DDP), a scalar
+# parameter, one layer object at two places, selective checkpointing.
+CASES = [(um.build_lstm, "full_shard"), (um.build_vit, "replicate"), (um.build_clip, "full_shard"),
+         (um.build_shared, "shard_grad_op"), (um.build_gru, "full_shard+sac"), (um.build_dino, "replicate")]
+
+
+@pytest.mark.parametrize("build,strategy", CASES, ids=[f"{b.__name__}-{s}" for b, s in CASES])
+def test_fake_tensors_measure_what_real_tensors_measure(build, strategy):
+    """verify_plan on fake tensors against FSDP2 (or DDP itself, with an in-place no-op
+    all-reduce) on real tensors over the fake process group, FSDPMemTracker / MemTracker."""
+    model, inputs = build()
+    plan = plan_model(model, inputs, world=4, strategy=strategy)  # verified: DDP learns of unused parameters
+    fake = verify_plan(model, inputs, plan)
+    assert fake.peak_bytes == plan.verified.peak_bytes
+    real = measured_peak(copy.deepcopy(model), inputs, plan)
+    assert fake.tensors == "fake"
+    assert abs(fake.peak_bytes / real - 1) < 0.001, (fake.peak_bytes, real)
+
+
+def test_the_model_is_left_as_it_was():
+    model, inputs = um.build_shared()
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    plan_model(model, inputs, world=4, strategy="full_shard")
+    for n, p in model.named_parameters():
+        assert type(p) is torch.nn.Parameter and torch.equal(p, before[n]), n
+
+
+def test_a_parameter_without_gradient_turns_on_ddps_search_for_it():
+    model, inputs = um.build_dino()
+    plan = plan_model(model, inputs, world=4, strategy="replicate")
+    assert plan.verified.engine == "ddp" and plan.verified.unused_params == ("mask_token",)
+    assert finds_unused(plan)
+    assert not finds_unused(plan_model(*um.build_vit(), world=4, strategy="replicate"))
+
+
+def test_a_model_fake_tensors_cannot_run_is_profiled_and_verified_for_real():
+    model, inputs = um.build_gnn()
+    plan = plan_model(model, inputs, world=4, strategy="full_shard")
+    assert plan.verified.tensors == "real"
+    assert any("cannot run on fake tensors" in n for n in plan.notes)
+    real = measured_peak(copy.deepcopy(model), inputs, plan)
+    assert abs(plan.verified.peak_bytes / real - 1) < 0.001, (plan.verified.peak_bytes, real)
+
+
+def _scalar_grads(ctx, plan_json: str, out: str) -> None:
+    """Each worker trains on its own rows; the scalar's gradient must be their average."""
+    import torch.distributed as dist
+    from shardsched.runtime.parallelize import parallelize
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model, _ = um.build_clip()
+    reference = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(ctx.rank + 1)
+    inputs = (torch.randn(16, 64, generator=g), torch.randn(16, 64, generator=g))
+    parallelize(model, Plan.from_json(plan_json), mesh=ctx.mesh)
+    model(*inputs).backward()
+    reference(*inputs).backward()  # this rank's own gradient, unsharded and unreduced
+    local = [None] * ctx.world
+    dist.all_gather_object(local, reference.logit_scale.grad.item(), group=ctx.mesh.get_group())
+    if ctx.rank == 0:
+        torch.save((model.logit_scale.grad.item(), local, type(model.logit_scale).__name__), out)
+
+
+def test_a_scalar_parameter_stays_whole_and_its_gradient_is_averaged(tmp_path):
+    model, inputs = um.build_clip()
+    plan = plan_model(model, inputs, world=2, strategy="full_shard")
+    out = tmp_path / "grads.pt"
+    launch(_scalar_grads, nproc=2, args=(plan.to_json(), str(out)))
+    grad, local, kind = torch.load(out)
+    assert kind == "Parameter"  # not a DTensor: kept out of sharding
+    assert grad == pytest.approx(sum(local) / len(local), rel=1e-5)
+    assert abs(local[0] - local[1]) > 1e-4  # the ranks really differed
