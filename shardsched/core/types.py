@@ -71,15 +71,19 @@ class Checkpoint(enum.Enum):
     [Note: checkpoint modes in plan JSON]
     The values are what plan JSON holds: `false` and `true` as plans wrote before
     selective checkpointing existed (so old plans read unchanged), and the string
-    "selective", which a reader that only knows booleans rejects rather than reading it
-    as on or off. "none" and "full" are read too. Truthiness is "recomputes in
+    "selective-op" (`+sac`) and "selective" (`+sac-all`), which a reader that only knows
+    booleans rejects rather than reading them as on or off. "none" and "full" are read too. Truthiness is "recomputes in
     backward" (selective or full), which is what `if unit.checkpoint` meant before."""
 
     NONE = False
     """Forward saves what autograd saves; nothing is recomputed."""
-    SELECTIVE = "selective"
-    """Op-level (PyTorch's `create_selective_checkpoint_contexts`): the outputs of matmuls,
-    convolutions and attention are saved, the rest recomputed (`runtime.sac`)."""
+    SELECTIVE = "selective-op"
+    """Op-level (PyTorch's `create_selective_checkpoint_contexts`) with torchtitan's op
+    policy (`+sac`): the outputs of attention, convolutions and every other matmul are saved,
+    the rest recomputed (`runtime.sac`)."""
+    SELECTIVE_ALL = "selective"
+    """Op-level with every matmul's output saved (`+sac-all`; what `+sac` meant before issue
+    28, so plans that wrote "selective" read as what they ran)."""
     FULL = True
     """Whole-layer: forward keeps only the layers' inputs, backward recomputes the forward."""
 
@@ -92,8 +96,14 @@ class Checkpoint(enum.Enum):
 
     @property
     def suffix(self) -> str:
-        """How strategy words and reports write it: "", "+sac" or "+ckpt"."""
-        return {Checkpoint.NONE: "", Checkpoint.SELECTIVE: "+sac", Checkpoint.FULL: "+ckpt"}[self]
+        """How strategy words and reports write it: "", "+sac", "+sac-all" or "+ckpt"."""
+        return {Checkpoint.NONE: "", Checkpoint.SELECTIVE: "+sac", Checkpoint.SELECTIVE_ALL: "+sac-all",
+                Checkpoint.FULL: "+ckpt"}[self]
+
+    @property
+    def selective(self) -> bool:
+        """Op-level checkpointing, under either policy."""
+        return self in (Checkpoint.SELECTIVE, Checkpoint.SELECTIVE_ALL)
 
 
 class Precision(str, enum.Enum):

@@ -9,8 +9,9 @@
 
 A key is a layer path, a range `prefix.A-B` (prefix.A .. prefix.B), or an
 fnmatch pattern. Later overrides win. A strategy word may end in `+ckpt`
-(those layers are activation-checkpointed whole) or `+sac` (selective, op-level
-checkpointing: `core.types.Checkpoint`). Under `auto` the planner chooses
+(those layers are activation-checkpointed whole), `+sac` (selective, op-level
+checkpointing with torchtitan's op policy: `core.types.Checkpoint`, `runtime.sac`) or
+`+sac-all` (selective, every matmul's output kept). Under `auto` the planner chooses
 checkpointing itself (a `+ckpt`/`+sac` override pins the strategy only).
 
 [Note: exact specs] (issue 27) Every plan `auto` makes can be written back:
@@ -36,12 +37,12 @@ from shardsched.errors import UsageError
 from shardsched.core.types import Checkpoint, Strategy
 
 ACCEPTED = ("accepted: auto | replicate | shard_grad_op | full_shard | full_shard/node | hybrid_shard | "
-            "hybrid_shard_grad_op, each optionally +ckpt or +sac and @K (launches), optionally followed by "
+            "hybrid_shard_grad_op, each optionally +ckpt, +sac or +sac-all and @K (launches), optionally followed by "
             "',LAYERS=STRATEGY' overrides where LAYERS is a layer or child path, prefix.A-B, A..B (one unit), "
             "(root) or a glob, and STRATEGY may end in @F/B (steps ahead)")
 CKPT = "+ckpt"
 SUFFIXES = {c.suffix: c for c in Checkpoint if c.suffix}
-"""`+ckpt` and `+sac`: the checkpointing a strategy word may end in."""
+"""`+ckpt`, `+sac` and `+sac-all`: the checkpointing a strategy word may end in."""
 
 
 @dataclass(frozen=True, kw_only=True)

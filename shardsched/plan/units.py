@@ -108,6 +108,16 @@ def own_inputs(layer: LayerProfile) -> int:
 # nothing plus all its saved outputs is the bound taken. Its recomputation costs the recomputed ops' seconds
 # (`UnitCost.recompute_seconds`), not the whole forward.
 
+def as_policy(layer: LayerProfile, mode: Checkpoint) -> LayerProfile:
+    """The layer with its selective fields those of `mode`'s policy (`LayerProfile.selective_all`
+    under `+sac-all`), so the selective formulas read one set."""
+    if mode is not Checkpoint.SELECTIVE_ALL or not layer.selective_all:
+        return layer
+    saved, outside, fwd, rec = layer.selective_all
+    return dataclasses.replace(layer, selective_saved_bytes=int(saved), selective_outside_input_bytes=int(outside),
+                               selective_forward_bytes=int(fwd), selective_recompute_seconds=float(rec))
+
+
 def kept_when_selective(layer: LayerProfile) -> int:
     """A selective layer's inputs, outside code's saved bytes, and the policy's saved outputs
     (unknown: all its activations next to its inputs, an upper bound)."""
@@ -224,23 +234,33 @@ def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
     return tuple(out)
 
 
-def held_in_unit(layers: list[LayerProfile], k: int, *, selective: bool = False) -> int:
+def held_index(mode: Checkpoint) -> int:
+    """Where a `code_held` tuple holds the bytes for a producer checkpointed under `mode`."""
+    return {Checkpoint.SELECTIVE: 1, Checkpoint.SELECTIVE_ALL: 2}.get(mode, 0)
+
+
+def held_as(t: tuple, index: int) -> int:
+    """`t[index]`; an older profile's pair has no `+sac-all` entry: its selective one."""
+    return t[min(index, len(t) - 1)]
+
+
+def held_in_unit(layers: list[LayerProfile], k: int, *, mode: Checkpoint = Checkpoint.FULL) -> int:
     """The outputs of the unit's layers before k that the calling code holds as layer k starts,
     when the unit recomputes (fully, or selectively: what its policy keeps is not extra)."""
-    return sum(layers[k].code_held.get(j.name, (0, 0))[int(selective)] for j in layers[:k])
+    return sum(held_as(layers[k].code_held.get(j.name, (0, 0, 0)), held_index(mode)) for j in layers[:k])
 
 
-def code_held_of(layers: list[LayerProfile]) -> tuple[dict[str, tuple[int, int]], int]:
+def code_held_of(layers: list[LayerProfile]) -> tuple[dict[str, tuple[int, int, int]], int]:
     """(`UnitCost.code_held`, `code_held_bytes`): per layer before the unit, the most any of
     its layers' forwards sees held of that layer's outputs (an upper bound of the most at one
     moment), and the most held whatever recomputes."""
     names = {layer.name for layer in layers}
-    per: dict[str, tuple[int, int]] = {}
+    per: dict[str, tuple[int, int, int]] = {}
     for layer in layers:
-        for name, (full, sel) in layer.code_held.items():
+        for name, t in layer.code_held.items():
             if name not in names:
-                old = per.get(name, (0, 0))
-                per[name] = (max(old[0], full), max(old[1], sel))
+                old = per.get(name, (0, 0, 0))
+                per[name] = tuple(max(old[i], held_as(t, i)) for i in range(3))
     return per, max((layer.code_held_bytes for layer in layers), default=0)
 
 
@@ -260,7 +280,8 @@ def forward_transients(layer: LayerProfile, ws: int) -> tuple[int, int]:
 
 def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) -> UnitCost:
     """The unit's cost; selective: its selective form ([Note: selective checkpointing as kept bytes])."""
-    if mode is Checkpoint.SELECTIVE:
+    if mode.selective:
+        layers = [as_policy(layer, mode) for layer in layers]
         recompute = sum(layer.forward_seconds if layer.selective_recompute_seconds is None
                         else layer.selective_recompute_seconds for layer in layers)
         cost = unit_cost([_as_selective(layer) for layer in layers])
@@ -269,10 +290,10 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
         # a layer's input live as it starts is its input, not the outputs its selective form keeps
         # ... and the outputs the calling code holds are what its policy does not keep
         cost = dataclasses.replace(cost, layer_bytes=tuple(
-            b._replace(inp=own_inputs(layer) // max(1, layer.calls), held=held_in_unit(layers, k, selective=True))
+            b._replace(inp=own_inputs(layer) // max(1, layer.calls), held=held_in_unit(layers, k, mode=mode))
             for k, (b, layer) in enumerate(zip(cost.layer_bytes, layers))))
         last = len(layers) - 1
-        held = held_in_unit(layers, last, selective=True) - held_in_unit(layers, last)
+        held = held_in_unit(layers, last, mode=mode) - held_in_unit(layers, last)
         return dataclasses.replace(cost, recompute_seconds=recompute, outside_input_bytes=(
             layers[-1].selective_outside_input_bytes if cost.outside_workspace_bytes else 0),
                                    checkpointed_lead_bytes=cost.checkpointed_lead_bytes - last_extra + held)

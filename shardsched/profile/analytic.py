@@ -199,13 +199,17 @@ class _Ctx:
 
 
 def _leaf(name: str, *, params: int, fwd_seconds: float, act: int, largest: int = 0, inp: int = 0,
-          bwd_seconds: float | None = None, saved: int = 0, recomputed: bool = True) -> LayerProfile:
-    """`saved`: what selective checkpointing keeps (`_selective_saved`); `recomputed`: whether
-    its forward is the policy's to recompute (no matmul, attention or convolution in it)."""
+          bwd_seconds: float | None = None, saved: tuple[int, int] = (0, 0),
+          recompute: tuple[float, float] | None = None) -> LayerProfile:
+    """`saved`: what selective checkpointing keeps under `+sac` and `+sac-all`
+    (`_selective_saved`); `recompute`: the seconds each recomputes (None: its whole forward,
+    no matmul, attention or convolution in it)."""
+    rec = (fwd_seconds, fwd_seconds) if recompute is None else recompute
     return LayerProfile(name=name, params=params, forward_seconds=fwd_seconds,
                         backward_seconds=2 * fwd_seconds if bwd_seconds is None else bwd_seconds,
                         activation_bytes=act, workspace_bytes=2 * largest, input_bytes=inp,
-                        selective_saved_bytes=saved, selective_recompute_seconds=fwd_seconds if recomputed else 0.0)
+                        selective_saved_bytes=saved[0], selective_recompute_seconds=rec[0],
+                        selective_all=(saved[1], 0, 0, rec[1]))
 
 
 def _parent(name: str, children: list[LayerProfile], *, d: int, backward_peak: int, extra_fwd: float = 0.0,
@@ -222,13 +226,47 @@ def _parent(name: str, children: list[LayerProfile], *, d: int, backward_peak: i
         selective_saved_bytes=sum(c.selective_saved_bytes or 0 for c in children),
         selective_recompute_seconds=sum(c.forward_seconds if c.selective_recompute_seconds is None
                                         else c.selective_recompute_seconds for c in children) + extra_fwd,
+        selective_all=(sum(c.selective_all[0] for c in children), 0, 0,
+                       sum(c.selective_all[3] for c in children) + extra_fwd),
         forward_seconds=sum(c.forward_seconds for c in children) + extra_fwd,
         backward_seconds=sum(c.backward_seconds for c in children) + (2 * extra_fwd if extra_bwd is None else extra_bwd),
         activation_bytes=act, input_bytes=inp, children=tuple(children))
 
 
+# [Note: memory-bound work in analytic blocks] (issue 28)
+# The traced path prices every op without FLOPs by the bytes it reads and writes
+# (`LayerProfile.forward_moved_bytes`) at the device's bandwidth; analytic blocks priced none,
+# which made a `gpt:` Llama-2-13B 1.13x faster than the traced `hf:` one. They now price
+# the same work, per token, in bf16-element units (bytes / 2) times the compute dtype's size,
+# read off the trace of the modules (tests/profile/test_analytic.py checks them against it): a
+# fused norm (layer norm; RMSNorm where `_fused_rmsnorm`) 2h forward and 6h backward, the
+# composite RMSNorm (fp32 inside) 20h and 55h; attention's layout copies 6h backward, and where a
+# spec has no learned positions it stands for a rotary model (Llama), whose attention (HF's
+# LlamaAttention with its rotary embedding, traced) moves 22.25h forward and 40.25h backward;
+# SwiGLU's silu-and-product 5 ffn forward and 21 ffn + 3h backward, GELU's 2 ffn and 3 ffn; the
+# two residual adds 6h forward.
+
+def _moved_elements(cfg: GPTConfig, kind: str, fused_rms: bool) -> tuple[float, float]:
+    """(forward, backward) elements per token the memory-bound ops of a block child move
+    ([Note: memory-bound work in analytic blocks])."""
+    h, f = cfg.hidden, cfg.ffn_size
+    if kind in ("ln1", "ln2"):
+        return (20.0 * h, 55.0 * h) if cfg.norm == "rmsnorm" and not fused_rms else (2.0 * h, 6.0 * h)
+    if kind == "attn":
+        return (0.0, 6.0 * h) if cfg.learned_pos else (22.25 * h, 40.25 * h)
+    if kind == "mlp":
+        return (5.0 * f, 21.0 * f + 3.0 * h) if cfg.mlp == "swiglu" else (2.0 * f, 3.0 * f)
+    return 0.0, 0.0
+
+
+RESIDUAL_ELEMENTS = 6
+"""Elements per token per unit of hidden the block's two residual adds move in forward."""
+
+
 def _block(ctx: _Ctx, prefix: str, shapes: dict[str, Shapes]) -> LayerProfile:
-    """2 * params * tokens per child (norms included, negligible) + causal attention's 2*b*s^2*h."""
+    """2 * params * tokens per child (norms included, negligible) + causal attention's 2*b*s^2*h,
+    and the memory-bound ops' bytes at the device's bandwidth ([Note: memory-bound work in
+    analytic blocks])."""
     cfg, T, d = ctx.cfg, ctx.tokens, ctx.d
     attention_flops = causal_attention_flops(b=ctx.b, s=ctx.s, h=cfg.hidden)
     acts = {"ln1": _norm_act(cfg, T, d, ctx.fused_rms), "attn": _attn_act(cfg, b=ctx.b, s=ctx.s, d=d),
@@ -239,14 +277,17 @@ def _block(ctx: _Ctx, prefix: str, shapes: dict[str, Shapes]) -> LayerProfile:
         attention = attention_flops if child.endswith(".attn") else 0
         kind = child.rsplit(".", 1)[1]
         # Every child reads one (T, h) tensor of the residual stream (checkpointing keeps it).
-        fwd = ctx.seconds(2 * p * T, attention)
-        bwd = ctx.seconds(2 * 2 * p * T, ATTENTION_BACKWARD * attention)
+        moved_f, moved_b = (T * d * e / ctx.bandwidth for e in _moved_elements(cfg, kind, ctx.fused_rms))
+        fwd = ctx.seconds(2 * p * T, attention) + moved_f
+        bwd = ctx.seconds(2 * 2 * p * T, ATTENTION_BACKWARD * attention) + moved_b
         children.append(_leaf(child, params=p, fwd_seconds=fwd, bwd_seconds=bwd, act=acts[kind],
                               largest=_largest_saved(cfg, kind, T, d, ctx.fused_rms), inp=T * cfg.hidden * d,
                               saved=_selective_saved(cfg, kind, b=ctx.b, s=ctx.s, d=d),
-                              recomputed=kind not in ("attn", "mlp")))
+                              recompute=(ctx.seconds(_selective_recomputed_flops(cfg, kind, T)) + moved_f, moved_f)
+                              if kind in ("attn", "mlp") else None))
     params, act = sum(c.params for c in children), sum(c.activation_bytes for c in children)
-    return _parent(prefix, children, inp=T * cfg.hidden * d, d=d,
+    residual = RESIDUAL_ELEMENTS * T * cfg.hidden * d / ctx.bandwidth
+    return _parent(prefix, children, inp=T * cfg.hidden * d, d=d, extra_fwd=residual, extra_bwd=0.0,
                    backward_peak=_block_backward_peak(cfg, T, d, grads=params * d, act=act))
 
 
@@ -272,19 +313,35 @@ def _block_backward_peak(cfg: GPTConfig, tokens: int, d: int, *, grads: int, act
     return max(first_ops, grads - act + 7 * tokens * h * d)
 
 
-def _selective_saved(cfg: GPTConfig, kind: str, *, b: int, s: int, d: int) -> int:
-    """What selective checkpointing keeps of a block child (`runtime.sac`): the outputs of its
-    matmuls and of attention. Attention: the qkv output (T, 3h), SDPA's output (T, h) and fp32
-    logsumexp, the out-projection's output (T, h); MLP: its inner (T, ffn) outputs (two for
-    SwiGLU's gate and up) and the down-projection's (T, h). Its recomputation is then its
-    memory-bound ops alone, which these profiles do not price in forward either (norms are
-    priced as their FLOPs: they are recomputed)."""
+def _selective_saved(cfg: GPTConfig, kind: str, *, b: int, s: int, d: int) -> tuple[int, int]:
+    """What selective checkpointing keeps of a block child (`runtime.sac`), (`+sac`, `+sac-all`).
+    `+sac-all`: the outputs of its matmuls and of attention. Attention: the qkv output (T, 3h),
+    SDPA's output (T, h) and fp32 logsumexp, the out-projection's output (T, h); MLP: its inner
+    (T, ffn) outputs (two for SwiGLU's gate and up) and the down-projection's (T, h). Its
+    recomputation is then its memory-bound ops alone, which these profiles do not price in
+    forward either (norms are priced as their FLOPs: they are recomputed). `+sac` (torchtitan's
+    every-second-mm rule, the block's counter): the block's mms are qkv (1st, kept), the out
+    projection (2nd, recomputed), then gate (3rd, kept), up (4th, recomputed), down (5th,
+    kept), or fc (3rd, kept), proj (4th, recomputed). Biased linears run as addmm, which the
+    counter skips: all kept, as under `+sac-all`."""
     tokens, h = b * s, cfg.hidden
     if kind == "attn":
-        return 5 * tokens * h * d + 4 * b * cfg.heads * s
+        every = 5 * tokens * h * d + 4 * b * cfg.heads * s
+        return (every if cfg.bias else every - tokens * h * d), every
     if kind == "mlp":
-        return (2 if cfg.mlp == "swiglu" else 1) * tokens * cfg.ffn_size * d + tokens * h * d
-    return 0
+        every = (2 if cfg.mlp == "swiglu" else 1) * tokens * cfg.ffn_size * d + tokens * h * d
+        second = tokens * cfg.ffn_size * d if cfg.mlp == "swiglu" else tokens * h * d
+        return (every if cfg.bias else every - second), every
+    return 0, 0
+
+
+def _selective_recomputed_flops(cfg: GPTConfig, kind: str, tokens: int) -> float:
+    """Forward matmul FLOPs `+sac` recomputes in a block child (`_selective_saved`): the out
+    projection, SwiGLU's up or GELU's second projection; none with biases."""
+    if cfg.bias:
+        return 0.0
+    h, f = cfg.hidden, cfg.ffn_size
+    return 2.0 * tokens * (h * h if kind == "attn" else h * f)
 
 
 def _largest_saved(cfg: GPTConfig, kind: str, tokens: int, d: int, fused_rms: bool) -> int:
@@ -309,7 +366,8 @@ def _embed(ctx: _Ctx, shapes: dict[str, Shapes]) -> LayerProfile:
         act = 8 * ctx.s if child == "embed.pos" else 0
         children.append(LayerProfile(name=child, params=p, forward_seconds=fwd,  # no matmul: all recomputed
                                      backward_seconds=fwd + 2 * 4 * p / ctx.bandwidth, activation_bytes=act,
-                                     selective_saved_bytes=0, selective_recompute_seconds=fwd))
+                                     selective_saved_bytes=0, selective_recompute_seconds=fwd,
+                                     selective_all=(0, 0, 0, fwd)))
     # At its end, its backward holds the incoming (T, h) gradient besides its weight
     # gradients, its (position index) activations freed.
     grads, act = sum(c.params for c in children) * d, sum(c.activation_bytes for c in children)
@@ -325,7 +383,7 @@ def _head(ctx: _Ctx, shapes: dict[str, Shapes]) -> LayerProfile:
     ln = _leaf("head.ln", params=ln_p, fwd_seconds=ctx.seconds(2 * ln_p * T), act=_norm_act(cfg, T, d, ctx.fused_rms),
                inp=x)
     out = _leaf("head.out", params=out_p, fwd_seconds=ctx.seconds(2 * cfg.hidden * cfg.vocab * T), act=x, inp=x,
-                saved=T * cfg.vocab * d, recomputed=False)
+                saved=(T * cfg.vocab * d, T * cfg.vocab * d), recompute=(0.0, 0.0))
     ce_seconds = 3 * T * cfg.vocab * 4 / ctx.bandwidth  # read logits, write fp32 copy and log-probs
     # + 4: nll_loss's 0-d fp32 total_weight; targets are example input (input_bytes).
     # Backward peaks in cross-entropy: the gradient of the fp32 log-probs and of the

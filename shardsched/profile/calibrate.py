@@ -47,6 +47,15 @@ ATTENTIONS = ((4, 4, 128, 32), (2, 4, 256, 32), (4, 8, 128, 16))
 """(batch, heads, seq, head_dim) of causal scaled_dot_product_attention."""
 ELEMENTWISE = (1 << 16, 1 << 18, 1 << 20)
 """Elements of the GELU the `other` class times."""
+CUDA_MATMULS = ((4096, 4096, 4096), (8192, 4096, 4096), (4096, 4096, 11008), (8192, 8192, 8192))
+"""The same on a GPU: a 1-8B model's layers at 4-8K tokens. The small shapes above are
+launch-bound there: on an H200 they fitted a matmul efficiency of 0.002 where an 8192^3
+matmul reaches 0.777 of peak (docs/design.md, "Checked on a GPU")."""
+CUDA_ATTENTIONS = ((2, 32, 2048, 128), (1, 32, 4096, 128), (4, 16, 2048, 64))
+CUDA_ELEMENTWISE = (1 << 24, 1 << 25, 1 << 26)
+CUDA_OPTIMIZER_PARAMS = 1 << 27
+"""AdamW parameters timed on a GPU (128M: 2 GiB of fp32 state; 1M there fitted 77 GB/s on an
+H200, 256M 1391 GB/s)."""
 OVERHEAD_LAYERS = 8
 """Layers (one unit each) of the model that measures FSDP2's per-unit host time."""
 
@@ -185,33 +194,52 @@ def _fwd_bwd(make_out: Callable[[], torch.Tensor]) -> Callable[[], None]:
     return run
 
 
-def time_compute(*, device: torch.device, dtype: torch.dtype = torch.float32,
+def shapes(device: torch.device) -> tuple[tuple, tuple, tuple]:
+    """(matmuls, attentions, elementwise sizes) timed on `device`: a GPU's are large enough
+    that kernels, not launches, are timed."""
+    if device.type == "cuda":
+        return CUDA_MATMULS, CUDA_ATTENTIONS, CUDA_ELEMENTWISE
+    return MATMULS, ATTENTIONS, ELEMENTWISE
+
+
+def calibration_dtype(device: torch.device) -> torch.dtype:
+    """What compute is timed in: bf16 on a GPU (the presets' peak is bf16's, and mixed
+    precision computes in it), fp32 elsewhere."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def time_compute(*, device: torch.device, dtype: torch.dtype | None = None,
                  repeats: int = 5) -> dict[str, list[tuple[float, float]]]:
-    """{op class: [(FLOPs, seconds)]} for forward+backward of each timed op.
+    """{op class: [(FLOPs, seconds)]} for forward+backward of each timed op (`shapes`, in
+    `calibration_dtype` unless given).
 
     FLOPs as the profiles count them: 2mkn per matmul forward, 4 b s^2 (h d) per
     attention forward over the triangle a causal kernel computes (`analytic.causal_share`,
     as the traced and analytic profiles count it), one per element per elementwise op;
     backward twice forward (matmul, elementwise) and 2.5x for attention (FlopCounterMode's)."""
     sync, out = _syncer(device), {"matmul": [], "attention": [], "other": []}
+    dtype = dtype or calibration_dtype(device)
+    matmuls, attentions, elementwise = shapes(device)
     rand = lambda *shape: torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)  # noqa: E731
-    for m, k, n in MATMULS:
+    for m, k, n in matmuls:
         x, w = rand(m, k), rand(k, n)
         out["matmul"].append((3 * 2 * m * k * n, typical(_fwd_bwd(lambda: x @ w), repeats=repeats, sync=sync)))
-    for b, h, s, d in ATTENTIONS:
+    for b, h, s, d in attentions:
         q, kk, v = rand(b, h, s, d), rand(b, h, s, d), rand(b, h, s, d)
         fn = _fwd_bwd(lambda: F.scaled_dot_product_attention(q, kk, v, is_causal=True))
         flops = 3.5 * 4 * b * s * s * h * d * causal_share(s, s, True)
         out["attention"].append((flops, typical(fn, repeats=repeats, sync=sync)))
-    for numel in ELEMENTWISE:
+    for numel in elementwise:
         x = rand(numel)
         out["other"].append((3 * numel, typical(_fwd_bwd(lambda: F.gelu(x)), repeats=repeats, sync=sync)))
     return out
 
 
-def time_optimizer(*, device: torch.device, params: int = 1 << 20, tensors: int = 32,
+def time_optimizer(*, device: torch.device, params: int | None = None, tensors: int = 32,
                    repeats: int = 5) -> tuple[int, float]:
-    """(parameters, seconds) of one AdamW step over `tensors` fp32 tensors."""
+    """(parameters, seconds) of one AdamW step over `tensors` fp32 tensors (default 1M
+    parameters, `CUDA_OPTIMIZER_PARAMS` on a GPU)."""
+    params = params or (CUDA_OPTIMIZER_PARAMS if device.type == "cuda" else 1 << 20)
     ps = [torch.zeros(params // tensors, device=device, requires_grad=True) for _ in range(tensors)]
     for p in ps:
         p.grad = torch.ones_like(p)

@@ -81,7 +81,8 @@ class HeldOutputs:
 
 class OutputStatus:
     """What the plain trace counted each layer's output as (`Tag` -> status): "own" (its
-    producer's code saved it first), "own-sac" (and selective checkpointing keeps it),
+    producer's code saved it first), "own-sac" (and selective checkpointing keeps it under
+    both policies), "own-sac-all" (under `+sac-all` only),
     "outside" (code outside every layer saved it, or saved it again: counted whatever the
     producer does), a layer's name (that layer's code saved it first), or "none"."""
 
@@ -90,13 +91,13 @@ class OutputStatus:
         self._pending: dict[int, Tag] = {}  # storage key -> tag, outputs not saved yet
         self._own: dict[int, Tag] = {}  # storage key -> tag, outputs their producer saved
 
-    def produced(self, tag: Tag, key: int, storage, *, saved_by: str | None, sac: bool) -> None:
+    def produced(self, tag: Tag, key: int, storage, *, saved_by: str | None, sac: tuple[bool, ...]) -> None:
         """Layer `tag[0]` returned this storage (first call); `saved_by`: the layer whose own
-        code saved it first, if any did."""
+        code saved it first, if any did; `sac`: whether `+sac` and `+sac-all` keep it."""
         if tag in self.status:
             return
         if saved_by == tag[0]:
-            self.status[tag] = "own-sac" if sac else "own"
+            self.status[tag] = "own-sac" if all(sac) else "own-sac-all" if any(sac) else "own"
             self._own[key] = tag
         elif saved_by is not None:
             self.status[tag] = saved_by
@@ -127,9 +128,10 @@ def code_held(held: HeldOutputs, status: dict[Tag, str], layer: str, final: set[
         if producer not in final or any((producer, idx) in held.inputs.get(n, ()) for n in between):
             continue
         s = status.get((producer, idx), "none")
-        if s in ("own", "own-sac"):
-            full, sel = per.get(producer, (0, 0))
-            per[producer] = (full + nbytes, sel + (0 if s == "own-sac" else nbytes))
+        if s in ("own", "own-sac", "own-sac-all"):
+            full, sel, sel_all = per.get(producer, (0, 0, 0))
+            per[producer] = (full + nbytes, sel + (0 if s == "own-sac" else nbytes),
+                             sel_all + (0 if s != "own" else nbytes))
         elif s == "none" or (s in order and order[s] >= order[layer]):
             always += nbytes
     return per, always

@@ -347,7 +347,16 @@ def _timed_like(measured: LayerProfile, traced: LayerProfile) -> LayerProfile:
     return dataclasses.replace(
         traced, forward_seconds=fwd, backward_seconds=measured.backward_seconds, children=children,
         selective_recompute_seconds=None if sac is None else (
-            stable(fwd * sac / traced.forward_seconds) if traced.forward_seconds else 0.0))
+            stable(fwd * sac / traced.forward_seconds) if traced.forward_seconds else 0.0),
+        selective_all=_all_scaled(traced, fwd / traced.forward_seconds if traced.forward_seconds else 0.0))
+
+
+def _all_scaled(layer: LayerProfile, scale: float) -> tuple:
+    """`LayerProfile.selective_all` with its recompute seconds times `scale`."""
+    if not layer.selective_all:
+        return ()
+    *rest, rec = layer.selective_all
+    return (*rest, stable(rec * scale))
 
 
 def _scaled(layer: LayerProfile, scale: float) -> LayerProfile:
@@ -356,6 +365,7 @@ def _scaled(layer: LayerProfile, scale: float) -> LayerProfile:
     return dataclasses.replace(layer, forward_seconds=stable(layer.forward_seconds * scale),
                                backward_seconds=stable(layer.backward_seconds * scale),
                                selective_recompute_seconds=None if sac is None else stable(sac * scale),
+                               selective_all=_all_scaled(layer, scale),
                                children=tuple(_scaled(c, scale) for c in layer.children))
 
 

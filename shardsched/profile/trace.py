@@ -37,6 +37,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from shardsched.core.types import Checkpoint
 from shardsched.cost.device import DeviceSpec
 from shardsched.errors import UsageError
 from shardsched.profile import layers as L
@@ -143,7 +144,6 @@ class _Stats:
         self.recall: dict[str, int] = defaultdict(int)  # repeated modules' later calls' windows
         self.bucketed: dict[str, int] = defaultdict(int)  # backward windows, gradients bucketed
         self.output: dict[str, int] = defaultdict(int)  # `LayerProfile.output_bytes`
-        self.forward_sac: dict[str, int] = defaultdict(int)  # the same, keeping what SAC stores
         self.outside: dict[str, int] = defaultdict(int)  # `LayerProfile.outside_bytes`
         self.outside_kept: dict[str, int] = defaultdict(int)  # `LayerProfile.outside_kept_bytes`
         self.saved_inside: dict = {}  # storage saved first by a layer's own code -> that layer
@@ -157,13 +157,22 @@ class _Stats:
         self.outside_largest: dict[str, int] = defaultdict(int)  # its largest tensor
         self.largest_saved: dict[str, int] = defaultdict(int)  # per key: folded keys become outside
         # selective checkpointing ([Note: the selective checkpointing policy] in runtime/sac.py)
-        self.sac_saved: dict[str, int] = defaultdict(int)  # `LayerProfile.selective_saved_bytes`
-        self.sac_flops = defaultdict(lambda: defaultdict(float))  # forward FLOPs it recomputes
-        self.sac_moved: dict[str, int] = defaultdict(int)  # forward bytes moved by ops it recomputes
-        self.sac_seen: dict = {}  # storages counted in `sac_saved` -> the keys that counted them
-        self.sac_outside: dict[str, int] = defaultdict(int)  # `LayerProfile.selective_outside_input_bytes`
-        self.sac_read_outside: set = set()  # storages counted there
+        self.sac = {mode: _Sac(mode) for mode in sac.MODES}  # per policy (`+sac`, `+sac-all`)
         self.sac_forward = True  # the traced forward runs (`_sac_read_outside`)
+
+
+class _Sac:
+    """What one selective policy keeps and recomputes, per key."""
+
+    def __init__(self, mode):
+        self.policy = sac.Policy(mode)  # its mm counter restarts at each layer's call
+        self.saved: dict[str, int] = defaultdict(int)  # `LayerProfile.selective_saved_bytes`
+        self.flops = defaultdict(lambda: defaultdict(float))  # forward FLOPs it recomputes
+        self.moved: dict[str, int] = defaultdict(int)  # forward bytes moved by ops it recomputes
+        self.seen: dict = {}  # storages counted in `saved` -> the keys that counted them
+        self.outside: dict[str, int] = defaultdict(int)  # `LayerProfile.selective_outside_input_bytes`
+        self.read_outside: set = set()  # storages counted there
+        self.forward: dict[str, int] = defaultdict(int)  # forward windows keeping what it stores
 
 
 class _Tracer:
@@ -215,6 +224,8 @@ class _Tracer:
             if name in self.layer_set:
                 if not self.sequence or self.sequence[-1] != name:
                     self.sequence.append(name)
+                for sc in self.stats.sac.values():  # a checkpointed call: torchtitan's `meta` is new
+                    sc.policy.reset()
                 if name not in self.ran:
                     self.ran.append(name)
                 self.last = name
@@ -237,8 +248,8 @@ class _Tracer:
         for idx, t in enumerate(L.tensors_in(out)):
             k = _storage_key(t)
             saver = st.saved_inside.get(k) or ("<counted>" if k in self.saved_keys else None)
-            sac = name in st.sac_seen.get(k, ())
-            st.out_status.produced((name, idx), k, t.untyped_storage(), saved_by=saver, sac=sac)
+            kept = tuple(name in st.sac[m].seen.get(k, ()) for m in sac.MODES)
+            st.out_status.produced((name, idx), k, t.untyped_storage(), saved_by=saver, sac=kept)
 
     def forward_key(self) -> tuple[str, ...]:
         """(layer, child) running now; outside every layer: the last layer run, or
@@ -294,23 +305,26 @@ class _Counter(fc.FlopCounterMode):
         selective = phase == "fwd" and not self.tracer.outside()  # code a selective layer runs
         if phase == "fwd" and not selective:
             self._sac_read_outside(L.tensors_in((args, kwargs)))
-        if selective and sac.saves(func_packet):
-            self._sac_saved(keys, L.tensors_in(out))
-        recomputed = selective and not sac.saves(func_packet)
+        recomputed = []  # the policies that recompute it
+        for sc in st.sac.values():
+            if selective and sc.policy.saves(func_packet):
+                self._sac_saved(sc, keys, L.tensors_in(out))
+            elif selective:
+                recomputed.append(sc)
         if func_packet in self.flop_registry:
             flops = self.flop_registry[func_packet](*args, **kwargs, out_val=out)
             for k in keys:
                 st.flops[phase][k][_op_class(func_packet)] += flops
-                if recomputed:
-                    st.sac_flops[k][_op_class(func_packet)] += flops
+                for sc in recomputed:
+                    sc.flops[k][_op_class(func_packet)] += flops
         else:
             outs, ins = L.tensors_in(out), L.tensors_in((args, kwargs))
             in_keys = {_storage_key(t) for t in ins}
             if any(_storage_key(t) not in in_keys for t in outs):  # a fresh result: not a view or in-place
                 for k in keys:
                     st.moved[phase][k] += _nbytes(ins) + _nbytes(outs)
-                    if recomputed:
-                        st.sac_moved[k] += _nbytes(ins) + _nbytes(outs)
+                    for sc in recomputed:
+                        sc.moved[k] += _nbytes(ins) + _nbytes(outs)
         return out
 
     def _sac_read_outside(self, ins: list[torch.Tensor]) -> None:
@@ -320,21 +334,22 @@ class _Counter(fc.FlopCounterMode):
             return
         for t in ins:
             k = _storage_key(t)
-            if k in st.sac_seen and k not in st.sac_read_outside:
-                st.sac_read_outside.add(k)
-                for key in st.sac_seen[k]:
-                    st.sac_outside[key] += t.untyped_storage().nbytes()
+            for sc in st.sac.values():
+                if k in sc.seen and k not in sc.read_outside:
+                    sc.read_outside.add(k)
+                    for key in sc.seen[k]:
+                        sc.outside[key] += t.untyped_storage().nbytes()
 
-    def _sac_saved(self, keys, outs: list[torch.Tensor]) -> None:
+    @staticmethod
+    def _sac_saved(sc: _Sac, keys, outs: list[torch.Tensor]) -> None:
         """The outputs selective checkpointing stores (all of a saved op's), each storage once."""
-        st = self.tracer.stats
-        fresh = list({_storage_key(t): t for t in outs if _storage_key(t) not in st.sac_seen}.values())
-        st.sac_seen.update((_storage_key(t), keys) for t in fresh)
+        fresh = list({_storage_key(t): t for t in outs if _storage_key(t) not in sc.seen}.values())
+        sc.seen.update((_storage_key(t), keys) for t in fresh)
         for t in fresh:  # forget a storage when it dies (its key may be reused); keeping it alive
             # instead would hold bytes the live-bytes windows then count ([Note: exit windows])
-            weakref.finalize(t.untyped_storage(), st.sac_seen.pop, _storage_key(t), None)
+            weakref.finalize(t.untyped_storage(), sc.seen.pop, _storage_key(t), None)
         for k in keys:
-            st.sac_saved[k] += _nbytes(fresh)
+            sc.saved[k] += _nbytes(fresh)
 
 
 def _storage_key(t: torch.Tensor) -> int:
@@ -553,7 +568,8 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         tracer.remove()
     with _restored(model), _quiet_fake_tensor_log(), _hf_one_sequence_per_row(), mode, masks, rules, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for keep, out in ((False, tracer.stats.forward_nosave), (True, tracer.stats.forward_sac)):
+        for keep, out in ((None, tracer.stats.forward_nosave),
+                          *((m, tracer.stats.sac[m].forward) for m in sac.MODES)):
             held = None if keep else HeldOutputs(model, names)  # [Note: outputs the caller's code holds]
             try:
                 out.update(_forward_without_saving(model, state, fake_inputs, names, list(tracer.parent),
@@ -566,18 +582,27 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
 
 
 class _KeepSaved(TorchDispatchMode):
-    """Holds the outputs of the ops selective checkpointing stores (`runtime.sac.saves`) to the
-    end of forward, as its caching mode does."""
+    """Holds the outputs of the ops selective checkpointing stores under `mode`'s policy
+    (`runtime.sac.Policy`, its mm counter restarted at each layer's call) to the end of
+    forward, as its caching mode does."""
 
-    def __init__(self):
+    def __init__(self, mode, model: nn.Module, names: list[str]):
         super().__init__()
         self.kept: list = []
+        self.policy = sac.Policy(mode)
+        self.handles = [model.get_submodule(n).register_forward_pre_hook(lambda *_: self.policy.reset())
+                        for n in names if n != L.ROOT]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if sac.saves(func):
+        if self.policy.saves(func):
             self.kept.append(out)
         return out
+
+    def __exit__(self, *exc):
+        for h in self.handles:
+            h.remove()
+        return super().__exit__(*exc)
 
 
 def _shared_output(st: _Stats, k: int, keys: tuple, nbytes: int) -> None:
@@ -585,21 +610,21 @@ def _shared_output(st: _Stats, k: int, keys: tuple, nbytes: int) -> None:
     code of another key saves for backward first (the next block's norm): that key's saved
     tensors or kept inputs count it in any plan, so the producer's selective layer does not
     count it again (`LayerProfile.selective_saved_bytes`)."""
-    owner = st.sac_seen.get(k)
-    for key in owner or ():
-        if key not in keys:
-            st.sac_saved[key] -= nbytes
+    for sc in st.sac.values():
+        for key in sc.seen.get(k) or ():
+            if key not in keys:
+                sc.saved[key] -= nbytes
 
 
 def _forward_without_saving(model: nn.Module, state: dict, inputs: tuple, names: list[str], children: list[str],
-                            persistent: list, *, keep_saved: bool = False) -> dict[str, int]:
+                            persistent: list, *, keep_saved=None) -> dict[str, int]:
     """Each layer's forward peak when it saves nothing, as a checkpointed layer's forward runs
     (non-reentrant checkpoint drops what autograd would save): the same forward under
     `no_grad`, watched by the live-bytes mode ([Note: forward windows] in profile/workspace.py).
-    `keep_saved`: as a selective layer's forward runs, keeping what its policy stores.
+    `keep_saved` (a selective mode): as a selective layer's forward runs, keeping what its policy stores.
     Run after the traced pass, its hooks removed, so nothing is counted twice."""
     ws = BackwardWorkspace(model, names, children, persistent=persistent)
-    keep = _KeepSaved() if keep_saved else contextlib.nullcontext()
+    keep = _KeepSaved(keep_saved, model, names) if keep_saved else contextlib.nullcontext()
     try:
         with ws, torch.no_grad(), keep:
             torch.func.functional_call(model, _untied(state), inputs, tie_weights=True)
@@ -685,17 +710,20 @@ def _expand(tracer: _Tracer, full: list[str], kids: list[str], stacks) -> None:
     st = tracer.stats
     targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
     plain = (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
-             st.forward_nosave, st.entry, st.sac_saved, st.sac_moved, st.forward_sac, st.sac_outside, st.exit, st.output, st.recall, st.bucketed,
-             st.outside_kept, st.input_saved, st.input_saved_before, st.input_saved_outside)
+             st.forward_nosave, st.entry, st.exit, st.output, st.recall, st.bucketed,
+             st.outside_kept, st.input_saved, st.input_saved_before, st.input_saved_outside,
+             *(d for sc in st.sac.values() for d in (sc.saved, sc.moved, sc.forward, sc.outside)))
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
                   {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
-                  [d.get(src, 0) for d in plain], dict(st.sac_flops.get(src, {}))) for _, src in targets}
+                  [d.get(src, 0) for d in plain], [dict(sc.flops.get(src, {})) for sc in st.sac.values()])
+            for _, src in targets}
     for name, src in targets:
         flops, moved, rest, sac_flops = snap[src]
         for ph in ("fwd", "bwd"):
             st.flops[ph][name] = defaultdict(float, flops[ph])
             st.moved[ph][name] = moved[ph]
-        st.sac_flops[name] = defaultdict(float, sac_flops)
+        for sc, f in zip(st.sac.values(), sac_flops):
+            sc.flops[name] = defaultdict(float, f)
         for d, v in zip(plain, rest):
             d[name] = v
 
@@ -732,8 +760,9 @@ def _fold(stats: _Stats, ran: list[str], final: list[str]) -> None:
             stats.moved[ph][target] += stats.moved[ph].pop(k, 0)
         # Its module is not the target's, so checkpointing the target does not recompute it
         # (nor does selective checkpointing store its outputs).
-        for d in (stats.sac_saved, stats.sac_moved, stats.sac_flops, stats.sac_outside):
-            d.pop(k, None)
+        for sc in stats.sac.values():
+            for d in (sc.saved, sc.moved, sc.flops, sc.outside):
+                d.pop(k, None)
         stats.outside[target] += stats.acts.get(k, 0)
         stats.acts[target] += stats.acts.pop(k, 0)
         stats.outside.pop(k, None)
@@ -749,7 +778,8 @@ def _fold(stats: _Stats, ran: list[str], final: list[str]) -> None:
         stats.exit[target] = max(stats.exit[target], stats.exit.pop(k, 0))
         stats.recall[target] = max(stats.recall[target], stats.recall.pop(k, 0))
         stats.bucketed[target] = max(stats.bucketed[target], stats.bucketed.pop(k, 0))
-        stats.forward_sac[target] = max(stats.forward_sac[target], stats.forward_sac.pop(k, 0))
+        for sc in stats.sac.values():
+            sc.forward[target] = max(sc.forward[target], sc.forward.pop(k, 0))
 
 
 def _workspace(name: str, params: Sequence[nn.Parameter], st: _Stats) -> int:
@@ -780,11 +810,9 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         exit_bytes=st.exit.get(name, 0) if name != L.ROOT else 0, output_bytes=st.output.get(name, 0),
         recall_workspace_bytes=st.recall.get(name, 0) if st.calls.get(name, 1) > 1 else 0,
         bucketed_workspace_bytes=st.bucketed.get(name, 0) if name != L.ROOT else 0,
-        selective_saved_bytes=st.sac_saved.get(name, 0),
-        selective_forward_bytes=st.forward_sac.get(name, 0) if name != L.ROOT else 0,
-        selective_outside_input_bytes=st.sac_outside.get(name, 0),
-        selective_recompute_seconds=device.compute_seconds(dict(st.sac_flops.get(name, {})))
-        + st.sac_moved.get(name, 0) / bw,
+        **dict(zip(("selective_saved_bytes", "selective_outside_input_bytes", "selective_forward_bytes",
+                    "selective_recompute_seconds"), _selective(name, st.sac[Checkpoint.SELECTIVE], device))),
+        selective_all=_selective(name, st.sac[Checkpoint.SELECTIVE_ALL], device),
         input_bytes=st.inputs.get(name, 0), entry_bytes=st.entry.get(name, 0), outside_bytes=st.outside.get(name, 0),
         **_code_held(name, st),
         outside_kept_bytes=st.outside_kept.get(name, 0), input_saved_bytes=st.input_saved.get(name, 0),
@@ -794,6 +822,12 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
         backward_flops=bwd,
         forward_moved_bytes=st.moved["fwd"].get(name, 0), backward_moved_bytes=st.moved["bwd"].get(name, 0),
         children=kids)
+
+
+def _selective(name: str, sc: _Sac, device: DeviceSpec) -> tuple:
+    """(saved bytes, outside input bytes, forward bytes, recompute seconds) of one policy."""
+    return (sc.saved.get(name, 0), sc.outside.get(name, 0), sc.forward.get(name, 0) if name != L.ROOT else 0,
+            device.compute_seconds(dict(sc.flops.get(name, {}))) + sc.moved.get(name, 0) / device.memory_bandwidth)
 
 
 def _code_held(name: str, st: _Stats) -> dict:

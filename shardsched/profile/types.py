@@ -63,7 +63,8 @@ class LayerProfile:
     whatever recomputes, so a checkpointed layer's kept inputs leave it out
     (`plan.units.kept_when_checkpointed`)."""
     code_held: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    """Per earlier layer, (bytes when it recomputes, when it recomputes selectively) of its
+    """Per earlier layer, (bytes when it recomputes, when selectively under `+sac`, under
+    `+sac-all`; older profiles: the first two) of its
     outputs that the calling code still holds as this layer's forward starts and that only
     that layer's own code saves ([Note: outputs the caller's code holds] in
     profile/held.py): live beside this layer's forward moments when that layer recomputes."""
@@ -96,8 +97,8 @@ class LayerProfile:
     """Bytes of its (largest call's) output: the gradient its backward receives has this size
     (`sim.scenario.UnitCost.inner_moments`); 0 = unknown."""
     selective_saved_bytes: int | None = None
-    """Bytes of the outputs of the ops selective checkpointing saves (`runtime.sac.saves`:
-    matmuls, attention, convolutions) in its forward, each storage once: what a selective
+    """Bytes of the outputs of the ops selective checkpointing (`+sac`, `runtime.sac.Policy`)
+    saves (attention, convolutions, every other matmul) in its forward, each storage once: what a selective
     layer keeps next to its inputs (SAC's caching mode stores them whether or not autograd
     would save them). None = unknown (the planner then assumes it keeps all its activations)."""
     selective_outside_input_bytes: int = 0
@@ -111,6 +112,11 @@ class LayerProfile:
     selective_recompute_seconds: float | None = None
     """Forward seconds of the ops selective checkpointing recomputes (all but those it saves:
     mostly memory-bound ones, priced by their moved bytes). None = unknown (its whole forward)."""
+    selective_all: tuple[float, ...] = ()
+    """(`selective_saved_bytes`, `selective_outside_input_bytes`, `selective_forward_bytes`,
+    `selective_recompute_seconds`) under `+sac-all`, the policy that keeps every matmul's
+    output (`runtime.sac`); the four fields above are `+sac`'s, torchtitan's op policy.
+    Empty = unknown (the planner then takes `+sac`'s, which keep less: a lower bound)."""
     calls: int = 1
     """Times its module runs in one forward (ALBERT's shared layer: once per depth).
     Parameters and workspace count once; `activation_bytes` and `input_bytes` are the

@@ -143,9 +143,9 @@ def _both(first, second):
 def _contexts(module: nn.Module, mode: Checkpoint):
     """checkpoint's `context_fn`: statistics kept during recomputation; selective: the
     policy's contexts too (`runtime.sac`), the statistics context around its recompute one."""
-    if mode is Checkpoint.SELECTIVE:
+    if mode.selective:
         def selective():
-            forward, recompute = selective_contexts()
+            forward, recompute = selective_contexts(mode)
             return forward, _both(_running_stats_untouched(module), recompute)
         return selective
     return lambda: (contextlib.nullcontext(), _running_stats_untouched(module))

@@ -280,12 +280,13 @@ class UnitCost:
         return n * self.shard_numel(n)
 
 
-def code_held_terms(units, i: int) -> list[tuple[int, int, int]]:
-    """(earlier unit, bytes when it recomputes, when selectively) of the outputs the calling
+def code_held_terms(units, i: int) -> list[tuple[int, int, int, int]]:
+    """(earlier unit, bytes when it recomputes, when selectively under `+sac`, under
+    `+sac-all`) of the outputs the calling
     code holds beside unit i's forward ([Note: outputs the caller's code holds] in
     profile/held.py); a layer of unit i's own is left out."""
     unit_of = {name: j for j, u in enumerate(units) for name in u.layers}
-    return [(unit_of[name], full, sel) for name, (full, sel) in units[i].code_held.items()
+    return [(unit_of[name], t[0], t[1], t[-1]) for name, t in units[i].code_held.items()
             if unit_of.get(name, i) < i]
 
 
@@ -359,9 +360,9 @@ class Scenario:
 
     def code_held_bytes(self, i: int) -> int:
         """Bytes the calling code holds beside unit i's forward under this plan's checkpointing."""
-        modes = {Checkpoint.FULL: 1, Checkpoint.SELECTIVE: 2}
+        modes = {Checkpoint.FULL: 1, Checkpoint.SELECTIVE: 2, Checkpoint.SELECTIVE_ALL: 3}
         return self.units[i].code_held_bytes + sum(
-            (0, full, sel)[modes.get(self.mode(j), 0)] for j, full, sel in code_held_terms(self.units, i))
+            (0, *t)[modes.get(self.mode(j), 0)] for j, *t in code_held_terms(self.units, i))
 
     def retained_bytes(self, i: int) -> int:
         """Activations unit i keeps from its forward to its backward; recomputing, followed by

@@ -130,7 +130,7 @@ class Evaluator:
         """Bytes the calling code holds beside each unit's forward: integer sums, as floats."""
         code = self.t.code_held.copy()
         for i in self.t.code_units:
-            code[i] = self.p.costs[i].code_held_bytes + sum((0, full, sel)[x[j]] for j, full, sel in self.code[i])
+            code[i] = self.p.costs[i].code_held_bytes + sum((0, full, sel)[x[j]] for j, full, sel, _ in self.code[i])
         return code
 
     def _backward(self, v: _Call, G: np.ndarray) -> np.ndarray:

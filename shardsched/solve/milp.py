@@ -609,7 +609,7 @@ class _Build:
             # the earlier outputs the calling code holds, in every forward row ([Note: outputs the
             # caller's code holds] in profile/held.py): linear in those units' binaries
             code = {}
-            for j, full, sel in code_held_terms(self.p.costs, i):
+            for j, full, sel, _ in code_held_terms(self.p.costs, i):  # auto offers `+sac` only
                 code = _add(code, self._ck_term(j, full, sel))
             fbase = _add(base, code)
             code_const = unit.code_held_bytes * g

@@ -110,3 +110,32 @@ def test_the_share_slows_the_row_that_overlaps_most():
         assert slowed.step_seconds - slowed.compute_seconds == pytest.approx(
             plain.step_seconds - plain.compute_seconds, rel=1e-6, abs=1e-12)  # the slowdown is compute's
     assert dataclasses.replace(h100, comm_sm_share=0.0) == bench.unshared(h100)
+
+
+def test_torchtitan_memory_rows_and_the_fall_from_8_to_128_gpus():
+    """torchtitan's Llama 3.1 8B +sac runs (82.4 and 67.0 GiB reserved on 8 and 128 H100s): the
+    reserved prediction at 85-100% of each (0.896, 0.892; the every-matmul policy, `+sac-all`,
+    gives 1.13, 1.18), and the fall between them within 10% of the published 15.4 GiB (14.0: [Note:
+    reserved at scale]; the allocated peaks alone fall 10.5)."""
+    bench = _bench()
+    lo, hi = bench.MEMORY_RANGE
+    got = {}
+    for cfg in bench.MEMORY:
+        plan = bench.planned(cfg, DEVICES[cfg.device])[0]
+        got[cfg.world] = bench.reserved_bytes(plan) / GiB
+        assert lo <= got[cfg.world] / cfg.reserved_gib <= hi, (cfg.name, got[cfg.world])
+    published = {c.world: c.reserved_gib for c in bench.MEMORY}
+    assert (got[8] - got[128]) / (published[8] - published[128]) == pytest.approx(1, abs=0.1)
+
+
+def test_llama2_70b_batch_1_sac_fits_the_a100_it_ran_on():
+    """torchtitan ran Llama-2-70B at local batch 1 with op-level selective checkpointing on 64
+    A100 80GB (batch 2 ran out of memory): predicted 58.4 GiB (62.5 reserved) under `+sac`; the
+    every-matmul policy (`+sac-all`, `+sac` before issue 28) predicted 81.0, over the card."""
+    bench = _bench()
+    cfg = next(c for c in bench.CONFIGS if c.name.startswith("Llama-2-70B"))
+    plan = bench.planned(cfg, DEVICES["a100"])[0]
+    assert bench.reserved_bytes(plan) < DEVICES["a100"].memory_bytes
+    # and batch 2 under +sac, which ran out of memory there, does not fit (97.6 GiB)
+    assert bench.planned(cfg._replace(micro_batch=2), DEVICES["a100"])[0].predicted.peak_bytes > \
+        DEVICES["a100"].memory_bytes

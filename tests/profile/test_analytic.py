@@ -98,8 +98,12 @@ def test_time_model():
     block = p.layers[1]
     mm = 2 * block.params * b * s / (dev.peak_flops * dev.efficiency["matmul"])
     attn = 2 * b * s * s * cfg.hidden / (dev.peak_flops * dev.efficiency["attention"])
-    assert block.forward_seconds == pytest.approx(mm + attn * (s + 1) / s, rel=1e-9)
-    assert block.backward_seconds == pytest.approx(2 * mm + 2.5 * attn * (s + 1) / s, rel=1e-9)
+    # + the memory-bound ops' bytes at the bandwidth ([Note: memory-bound work in analytic
+    # blocks]): layer norms 2 x 2h, GELU 2 ffn, residual adds 6h forward; 2 x 6h, 6h, 3 ffn backward
+    h, f, unit = cfg.hidden, cfg.ffn_size, b * s * 2 / 2.0e12
+    assert block.forward_seconds == pytest.approx(mm + attn * (s + 1) / s + (10 * h + 2 * f) * unit, rel=1e-9)
+    assert block.backward_seconds == pytest.approx(2 * mm + 2.5 * attn * (s + 1) / s + (18 * h + 3 * f) * unit,
+                                                   rel=1e-9)
     head = p.layers[-1]
     assert head.forward_seconds >= 2 * cfg.hidden * cfg.vocab * b * s / (dev.peak_flops * dev.efficiency["matmul"])
     assert p.layers[0].forward_seconds < 0.05 * block.forward_seconds  # embedding is a gather
@@ -144,3 +148,24 @@ def test_bad_arguments():
         analytic_profile(PRESETS["gpt2"], micro_batch=1, seq=2048, device=DEVICES["a100"])  # > position table
     with pytest.raises(UsageError):
         analytic_profile(PRESETS["gpt2"], micro_batch=1, seq=8, device=DEVICES["a100"], compute_dtype="int8")
+
+
+@pytest.mark.parametrize("mlp,norm", [("swiglu", "rmsnorm"), ("gelu", "layernorm")])
+def test_memory_bound_counts_are_the_traces(mlp, norm):
+    """The bytes analytic blocks price memory-bound ops at ([Note: memory-bound work in analytic
+    blocks]) are what the trace of the same block counts (CPU: the composite RMSNorm), within
+    1% (the trace adds a few fp32 statistics per token)."""
+    import torch
+
+    from shardsched.models.spec import build_gpt
+    from shardsched.profile import analytic as an
+    from shardsched.profile.trace import trace_profile
+    torch.set_num_threads(1)
+    cfg = GPTConfig(layers=2, hidden=256, heads=4, ffn=768, vocab=512, seq=64, mlp=mlp, norm=norm, bias=False)
+    model, inputs = build_gpt(cfg, micro_batch=2, seq=64)
+    block = trace_profile(model, inputs, name="g", device=DEVICES["cpu"], compute_dtype="bfloat16").layers[1]
+    per = {k: an._moved_elements(cfg, k, fused_rms=False) for k in ("ln1", "attn", "ln2", "mlp")}
+    unit = 2 * 64 * 2  # tokens x bf16 bytes
+    assert block.forward_moved_bytes == pytest.approx(
+        unit * (sum(f for f, _ in per.values()) + an.RESIDUAL_ELEMENTS * cfg.hidden), rel=0.01)
+    assert block.backward_moved_bytes == pytest.approx(unit * sum(b for _, b in per.values()), rel=0.01)

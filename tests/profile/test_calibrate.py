@@ -12,6 +12,7 @@ import pytest
 from shardsched.cli import main
 from shardsched.cost.comm import Collective, collective_seconds
 from shardsched.cost.device import DEVICES, Cluster, Link, cluster_file_text, read_cluster_file
+from shardsched.profile import calibrate as cal
 from shardsched.profile.calibrate import Sample, fit_efficiency, fit_link, fitted_device
 
 SIZES = (4096, 65536, 1 << 20, 1 << 24)
@@ -120,3 +121,20 @@ def test_bad_input_is_one_line(argv, fragment, capsys, tmp_path, monkeypatch):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert fragment in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_gpu_times_shapes_large_enough_not_to_be_launch_bound():
+    """On an H200 the CPU's shapes fitted a matmul efficiency of 0.002 and 77 GB/s (launches, not
+    kernels: docs/design.md, "Checked on a GPU"); a GPU times a 1-8B model's shapes, in bf16."""
+    import torch
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    matmuls, attentions, elementwise = cal.shapes(cuda)
+    # >= 0.1 TFLOP per matmul forward+backward: ~0.3 ms at H100 peak, 100x a kernel launch
+    assert min(3 * 2 * m * k * n for m, k, n in matmuls) >= 1e11
+    assert min(b * h * s * s * d for b, h, s, d in attentions) >= 1e10
+    assert min(elementwise) >= 1 << 24
+    assert cal.shapes(cpu) == (cal.MATMULS, cal.ATTENTIONS, cal.ELEMENTWISE)
+    assert cal.calibration_dtype(cuda) is torch.bfloat16 and cal.calibration_dtype(cpu) is torch.float32
+    params, seconds = cal.time_optimizer(device=cpu, repeats=1)
+    assert params == 1 << 20 and seconds > 0 and cal.CUDA_OPTIMIZER_PARAMS >= 1 << 27

@@ -44,6 +44,7 @@ def _bytes(layer) -> dict:
     """Every field of a layer (and of its children) but its seconds."""
     fields = {f.name: getattr(layer, f.name) for f in dataclasses.fields(layer) if f.name not in TIMES}
     fields["children"] = [_bytes(c) for c in layer.children]
+    fields["selective_all"] = layer.selective_all[:3]  # its last entry is `+sac-all`'s recompute seconds
     return fields
 
 
@@ -61,6 +62,7 @@ def test_measured_profile_takes_every_byte_from_the_trace(gpt_pair):
         assert m.forward_seconds > 0 and m.forward_seconds == stable(m.forward_seconds)
         assert m.selective_recompute_seconds == stable(m.forward_seconds * t.selective_recompute_seconds
                                                        / t.forward_seconds)
+        assert m.selective_all[3] == stable(m.forward_seconds * t.selective_all[3] / t.forward_seconds)
 
 
 class _BatchNormCNN(nn.Module):

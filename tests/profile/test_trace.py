@@ -24,8 +24,13 @@ def test_traced_equals_analytic_bytes_and_params():
         assert (t.name, t.params, t.dims, t.activation_bytes) == (a.name, a.params, a.dims, a.activation_bytes)
         assert [(c.name, c.params, c.activation_bytes) for c in t.children] == \
             [(c.name, c.params, c.activation_bytes) for c in a.children]
-        # what selective checkpointing keeps: matmul and attention outputs (runtime/sac.py)
+        # what selective checkpointing keeps (runtime/sac.py): `+sac` attention and every other
+        # matmul's outputs (the block's mm counter), `+sac-all` every matmul's
         assert [x.selective_saved_bytes for x in (t, *t.children)] == [x.selective_saved_bytes for x in (a, *a.children)]
+        assert [x.selective_all[0] for x in (t, *t.children)] == [x.selective_all[0] for x in (a, *a.children)]
+    block, T, h, f = traced.layers[1], 2 * 32, 64, cfg.ffn_size  # +sac drops the out projection's and up's outputs
+    assert block.selective_all[0] - block.selective_saved_bytes == 4 * T * (h + f)
+    assert block.selective_recompute_seconds > block.selective_all[3]
     block = traced.layers[1]  # matmul FLOPs: 2 per weight per token forward, twice that backward
     weights = sum(n for d0, n in block.dims if d0 != n)
     assert block.forward_flops["matmul"] == 2 * weights * 64

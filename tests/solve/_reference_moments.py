@@ -68,7 +68,7 @@ class ReferenceEvaluator:
             extra = extra_gather(unit, ch.strategies[i]) * unsh[i] + (lead if len(unit.layers) > 1 else 0)
             after = unit.after_forward()  # the code after it (the loss), after the unit reshards
             entry = unit.entry_after_checkpointed() if i and modes[i - 1] and modes[i] else unit.entry_bytes
-            code = unit.code_held_bytes + sum((0, full, sel)[modes[j]] for j, full, sel in self.code[i])
+            code = unit.code_held_bytes + sum((0, full, sel)[modes[j]] for j, full, sel, _ in self.code[i])
             out.append(pers + U[i] + code + max(unsh[i] + ag[i] + prev + self.act[i] + entry + exc[i],
                                          u + extra + self.act[i] + inc[i],
                                          u + self.act[i] + _own(c, i, x, *c.fwd_own[i], "fwd_own") + inc[i],

@@ -45,7 +45,7 @@ def test_the_trace_sees_the_held_output(unet):
     for name, layer in layers.items():
         prev = before.get(name)
         out = layers[prev].output_bytes if prev else 0
-        assert layer.code_held == ({prev: (out, out)} if prev else {}), name
+        assert layer.code_held == ({prev: (out, out, out)} if prev else {}), name
         assert layer.code_held_bytes == 0
 
 
