@@ -132,12 +132,16 @@ def verified(cfg: TrainConfig, plan: Plan, built: Built, profile: Profile, *, re
     planned again until its verified peak fits, [Note: the closed loop]). A training worker
     holds a process group, so the engine runs in a fresh interpreter that rebuilds the model
     from `--model` (`verify.worker`)."""
+    from shardsched.models.spec import parse_model_spec
+    from shardsched.profile.resolve import build_model
     from shardsched.verify.loop import checked_plan
     from shardsched.verify.subject import Subject
+    recipe = {"model": cfg.model, "layers": cfg.layers, "position_table": cfg.seq}
 
-    def build(**_):
-        raise RuntimeError("a training worker verifies in a fresh interpreter")
-    subject = Subject(None, (), build, recipe={"model": cfg.model, "layers": cfg.layers, "position_table": cfg.seq})
+    def build(*, micro_batch: int, seq: int | None, real: bool):
+        return build_model(parse_model_spec(cfg.model), micro_batch=micro_batch, seq=seq, measure=real,
+                           layers=cfg.layers, position_table=cfg.seq)
+    subject = Subject(built.model, built.example_inputs, build, recipe=recipe)
     return checked_plan(plan, subject=subject, replan=replan, usable=usable,
                         analytic=profile.source == "analytic", enabled=cfg.verify)
 
