@@ -67,7 +67,16 @@ def make_plan(profile: Profile, cluster: Cluster, *, strategy: str = "full_shard
 
 def _names_a_child(spec, profile: Profile) -> bool:
     kids = [c.name for layer in profile.layers for c in layer.children]
-    return any(_match(key, kids) for key, _ in spec.overrides)
+    layers = [layer.name for layer in profile.layers]
+    return any(_children_named(key, kids, layers) for key, _ in spec.overrides)
+
+
+def _children_named(key: str, kids: list[str], layers: list[str]) -> list[str]:
+    """The children a key names. A glob that names layers names none of their children:
+    `blocks.*=full_shard+ckpt` checkpoints every block, it does not split them."""
+    if any(c in key for c in "*?[") and _match(key, layers):
+        return []
+    return _match(key, kids)
 
 
 def exact_scenario(profile: Profile, cluster: Cluster, spec, *, precision: Precision,
@@ -79,8 +88,9 @@ def exact_scenario(profile: Profile, cluster: Cluster, spec, *, precision: Preci
 
     kids = {c.name: layer.name for layer in profile.layers for c in layer.children}
     keys = [key for key, _ in spec.overrides]
-    split = {kids[name] for key in keys for name in (key.split("..") if ".." in key else _match(key, list(kids)))
-             if name in kids}
+    names = [layer.name for layer in profile.layers]
+    split = {kids[name] for key in keys
+             for name in (key.split("..") if ".." in key else _children_named(key, list(kids), names)) if name in kids}
     atoms, owner = [], []
     for layer in profile.layers:
         parts = _with_residual(layer) if layer.name in split and layer.children else [layer]

@@ -6,6 +6,7 @@ import math
 import os
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 from rich.table import Table
@@ -89,7 +90,7 @@ def run_tradeoff(args: argparse.Namespace) -> int:
         console(wide=True).print(table(points))  # one column per uniform configuration: ~200 columns
     else:
         console().print(narrow_table(points))
-    print(verified_words(points, profile))
+    print(textwrap.fill(verified_words(points, profile), width=80))
     return 0
 
 
