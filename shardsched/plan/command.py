@@ -203,8 +203,9 @@ def _finish(args: argparse.Namespace, plan: Plan, profile, cluster: Cluster, bud
                          f"the usable budget {fmt_bytes(budget.usable)} (--memory-budget {fmt_bytes(given)} less "
                          f"{fmt_bytes(budget.headroom_bytes)} --headroom); try --strategy auto\n")
     if given is not None and plan.verified is not None and plan.verified.peak_bytes > budget.usable:
-        sys.stderr.write(f"shardsched plan: warning: verified peak {fmt_bytes(plan.verified.peak_bytes)} exceeds "
-                         f"the usable budget {fmt_bytes(budget.usable)}; try --strategy auto\n")
+        kernels = " on CPU kernels (GPU kernels save less)" if profile.source == "analytic" and plan.device != "cpu" else ""
+        sys.stderr.write(f"shardsched plan: warning: verified peak {fmt_bytes(plan.verified.peak_bytes)}{kernels} "
+                         f"exceeds the usable budget {fmt_bytes(budget.usable)}; try --strategy auto\n")
     device_memory_warning(plan, cluster)
     if args.out:
         write_atomic(args.out, plan.to_json() + "\n")
@@ -285,13 +286,24 @@ def reevaluate(plan: Plan, profile, cluster: Cluster, budget: Budget) -> Plan:
         raise UsageError(bad)
     check_plan_layers(plan, _layer_order(profile.layers))
     try:
-        sc = scenario_for(plan, profile, cluster)
+        sc = _exact(plan, profile, cluster) or scenario_for(plan, profile, cluster)
     except (ValueError, KeyError) as e:
         raise UsageError(f"plan does not match the model's layers: {e}") from None
     return stated(plan_from_scenario(sc, profile=profile,
                                      memory_budget_bytes=budget.usable if budget.given is not None else None,
                                      solver=plan.solver, precision=plan.precision, optimizer=plan.optimizer,
                                      notes=plan.notes), budget)
+
+
+def _exact(plan: Plan, profile, cluster: Cluster):
+    """The scenario of the plan's own `strategy_spec` ([Note: exact specs] in plan/spec.py: it
+    gives back the plan's units, launches and predictions, split layers included), or None for
+    a plan without one or one that accumulates (the spec does not name micro-batches)."""
+    if not plan.strategy_spec or plan.accumulation > 1:
+        return None
+    from shardsched.solve.build import exact_scenario
+    return exact_scenario(profile, cluster, parse_strategy_spec(plan.strategy_spec), precision=plan.precision,
+                          optimizer=plan.optimizer)
 
 
 def _layer_order(layers) -> list[str]:
