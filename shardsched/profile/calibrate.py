@@ -101,7 +101,9 @@ def fit_link(samples: Sequence[Sample], *, world: int) -> LinkFit:
     t = np.array([s.seconds for s in samples], dtype=float)
     (alpha, inv_bw), _ = nnls(rows / t[:, None], np.ones_like(t))
     fitted = rows @ np.array([alpha, inv_bw])
-    bandwidth = 1.0 / inv_bw if inv_bw > 0 else math.inf
+    # Noisy timings on a loaded machine can fit no per-byte cost at all (inv_bw = 0); a cluster
+    # file holds finite numbers only, so such a link is written as 1 PB/s: bytes cost nothing.
+    bandwidth = 1.0 / inv_bw if inv_bw > 1e-15 else 1e15
     return LinkFit(alpha_seconds=float(alpha), bandwidth=float(bandwidth), rel_error=_rms((fitted - t) / t))
 
 
