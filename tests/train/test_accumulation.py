@@ -29,11 +29,13 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from shardsched.cli import main
+from shardsched.core.types import Plan
 from shardsched.train.config import build_model
 from shardsched.train.launcher import launch
 from shardsched.train.task import build, make_task
 from shardsched.train.trainer import lr_at, train
 
+from .._gloo import lag_bytes, within
 from ._helpers import TINY, mixed_plan, tiny_config, uniform_plan
 from .test_parity import update_error
 
@@ -174,8 +176,12 @@ def test_both_modes_equal_the_unaccumulated_run(tmp_path):
     assert start == 2
     assert resumed_losses == pytest.approx(results["mixed", "last"][0][2:], rel=1e-5)
     own = results["own"]
-    assert (own["accumulation"], own["grad_sync"]) == (4, "last") and own["budget_exceeded"] is False
-    assert abs(own["predicted_peak_bytes"] / own["measured_peak_bytes"] - 1) < 0.03, own
+    assert (own["accumulation"], own["grad_sync"]) == (4, "last")
+    # Under the budget and within 3% of the prediction, up to one collective's buffer that
+    # gloo's thread may still hold: [Note: gloo's lagging buffers] in tests/_gloo.py.
+    plan = Plan.from_json((tmp_path / "runs/own/plan.json").read_text())
+    assert own["measured_peak_bytes"] <= own["usable_budget_bytes"] + lag_bytes(plan), own
+    assert within(own["measured_peak_bytes"], own["predicted_peak_bytes"], plan, rel=0.03), own
     # The data position counts global batches, whatever the micro-batch.
     meta = json.loads((tmp_path / "runs/mixed-last/checkpoints/step_000002/meta.json").read_text())
     assert meta["data_position"] == 2 and meta["samples_seen"] == 2 * cfg.batch

@@ -13,6 +13,7 @@ from shardsched.api import plan_model
 from shardsched.models.spec import parse_model_spec
 from shardsched.train.launcher import launch
 
+from .._gloo import lag_bytes, within
 from ._worst_worker import worst_worker
 
 HERE = Path(__file__).parent
@@ -65,7 +66,8 @@ def test_every_worker_is_within_3_percent_of_the_verified_peak(planned, tmp_path
         rows.append((name, plan.verified.peak_bytes, peaks[_spec(name)], worst / plan.verified.peak_bytes - 1))
     print("\n".join(f"{n:34s} verified {v:>10,} workers {w} worst {e:+.2%}" for n, v, w, e in rows))
     for name, verified, workers, err in rows:
-        assert abs(err) <= 0.03, (name, verified, workers)
-        budget = planned[name].usable_budget_bytes
-        if planned[name].memory_budget_bytes is not None:
-            assert max(workers) <= budget, (name, workers, budget)
+        # Within 3%, or above by one collective's buffer: [Note: gloo's lagging buffers].
+        plan = planned[name]
+        assert all(within(w, verified, plan, rel=0.03) for w in workers), (name, verified, workers)
+        if plan.memory_budget_bytes is not None:
+            assert max(workers) <= plan.usable_budget_bytes + lag_bytes(plan), (name, workers)
