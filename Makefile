@@ -33,7 +33,7 @@ train: $(VENV)/.installed
 	$(VENV)/bin/shardsched train
 
 test: $(VENV)/.installed
-	$(PY) -m pytest tests -n $(JOBS)
+	$(PY) -m pytest tests -n $(JOBS) --durations=25
 
 # torch stays $(TORCH) (a constraint): the newest on the index is a CUDA build of GBs.
 check-latest:

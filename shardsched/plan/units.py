@@ -198,7 +198,7 @@ class LayerBytes(NamedTuple):
     kept: int          # kept when checkpointed (inputs, outside code's saved bytes)
     act: int           # saved activations
     ws: int            # backward workspace
-    params: int
+    params: int        # of its parameters, those that get a gradient ([Note: frozen parameters])
     redo: int          # live while one call is recomputed
     produced: int      # forward transient on top of its saved activations
     ck_produced: int   # checkpointed: forward transient on top of its kept inputs
@@ -228,7 +228,8 @@ def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
         produced, ck_produced = forward_transients(layer, ws)
         produced = max(produced, (ows if inner else 0) // 2)
         out.append(LayerBytes(kept_when_checkpointed(layer), layer.activation_bytes, ws + (ows if inner else 0),
-                              layer.params, recomputed_bytes(layer), produced, max(ck_produced, produced),
+                              layer.params - layer.frozen_params, recomputed_bytes(layer), produced,
+                              max(ck_produced, produced),
                               own_inputs(layer) // max(1, layer.calls), layer.output_bytes, max(1, layer.calls),
                               layer.recall_workspace_bytes or ws, layer.bucketed_workspace_bytes or ws, held))
     return tuple(out)
@@ -278,6 +279,12 @@ def forward_transients(layer: LayerProfile, ws: int) -> tuple[int, int]:
     return plain, layer.checkpointed_forward_bytes or fallback
 
 
+def _trainable_dims(layer: LayerProfile) -> tuple[tuple[int, int], ...]:
+    """Its `dims` that get a gradient: none of a wholly frozen layer, all of a partly frozen one
+    (an upper bound: which of its parameters are frozen is not recorded)."""
+    return () if layer.params and layer.frozen_params == layer.params else layer.dims
+
+
 def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) -> UnitCost:
     """The unit's cost; selective: its selective form ([Note: selective checkpointing as kept bytes])."""
     if mode.selective:
@@ -301,6 +308,7 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
     last_input = own_inputs(layers[-1]) if len(layers) > 1 else 0
     return UnitCost(name=unit_name(names), layers=names, dims=unit_dims(layers),
                     params=sum(layer.params for layer in layers),
+                    frozen_params=sum(layer.frozen_params for layer in layers),
                     forward_seconds=sum(layer.forward_seconds for layer in layers),
                     backward_seconds=sum(layer.backward_seconds for layer in layers),
                     activation_bytes=sum(layer.activation_bytes for layer in layers),
@@ -320,7 +328,7 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
                     entry_bytes=layers[0].entry_bytes, exit_bytes=layers[-1].exit_bytes,
                     **dict(zip(("code_held", "code_held_bytes"), code_held_of(layers))),
                     layer_bytes=layer_bytes(layers),
-                    layer_dims=tuple(layer.dims for layer in layers) if all(
+                    layer_dims=tuple(_trainable_dims(layer) for layer in layers) if all(
                         layer.dims or not layer.params for layer in layers) else ())
 
 

@@ -298,6 +298,11 @@ def dims(params: Sequence[nn.Parameter]) -> tuple[tuple[int, int], ...]:
     return tuple((int(p.shape[0]) if p.dim() else 1, int(p.numel())) for p in params)
 
 
+def frozen_numel(params: Sequence[torch.Tensor]) -> int:
+    """Elements of the parameters that get no gradient (`requires_grad=False`)."""
+    return sum(int(p.numel()) for p in params if not p.requires_grad)
+
+
 def tensors_in(x: Any) -> list[torch.Tensor]:
     """Every tensor in nested tuples, lists, dicts and HF ModelOutputs (traced and measured profiles)."""
     if isinstance(x, torch.Tensor):

@@ -301,6 +301,7 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
         root = n == L.ROOT  # its workspace is its backward tail ([Note: the root's backward tail])
         return LayerProfile(name=n, params=sum(p.numel() for p in params), dims=L.dims(params),
+                            frozen_params=L.frozen_numel(params),
                             forward_seconds=fwd.get(n, 0.0), backward_seconds=bwd.get(n, 0.0),
                             activation_bytes=mem.acts.get(n, 0),
                             workspace_bytes=mem.workspace.get(ROOT_TAIL, 0) if root else layer_workspace(

@@ -800,6 +800,7 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: _Stats, device: Device
     bw = device.memory_bandwidth
     return LayerProfile(
         name=name, params=sum(p.numel() for p in params), dims=L.dims(params),
+        frozen_params=L.frozen_numel(params),
         forward_seconds=device.compute_seconds(fwd) + st.moved["fwd"].get(name, 0) / bw,
         backward_seconds=device.compute_seconds(bwd) + st.moved["bwd"].get(name, 0) / bw,
         activation_bytes=st.acts.get(name, 0),

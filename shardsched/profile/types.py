@@ -22,6 +22,10 @@ class LayerProfile:
     """Module path as `model.named_modules()` spells it, e.g. "blocks.3"."""
     params: int
     """Number of parameters (elements, not bytes) owned by this layer."""
+    frozen_params: int = 0
+    """Of `params`, elements with `requires_grad=False` (Pegasus' sinusoidal position tables,
+    a frozen backbone): stored and gathered like the others, but given no gradient and no
+    optimizer state ([Note: frozen parameters] in sim/memory.py)."""
     forward_seconds: float
     """Forward compute time for one micro-batch."""
     backward_seconds: float

@@ -42,6 +42,8 @@ class UnitCost:
     layers: tuple[str, ...]
     params: int
     forward_seconds: float
+    frozen_params: int = 0
+    """Of `params`, those with no gradient (`LayerProfile.frozen_params`)."""
     backward_seconds: float
     activation_bytes: int
     """Retained from the unit's forward until its backward."""
@@ -74,7 +76,8 @@ class UnitCost:
     """What that code saved (`LayerProfile.outside_bytes` of its last layer): its backward
     frees them before the unit's own backward starts."""
     layer_dims: tuple[tuple[tuple[int, int], ...], ...] = ()
-    """`dims` per layer (for the per-module ReduceScatter inputs of a fused unit); () = unknown."""
+    """`dims` per layer of the parameters that get a gradient (for the per-module ReduceScatter
+    inputs of a fused unit; a wholly frozen layer has none); () = unknown."""
     outside_input_bytes: int = 0
     """Selective form only: its last layer's saved outputs that the code outside it reads
     (`LayerProfile.selective_outside_input_bytes`): at that code's forward they are the input
@@ -97,7 +100,7 @@ class UnitCost:
         (the last to run backward; `last=True`), and the largest its own reduce holds is its
         largest layer's. A unit of one layer, or without per-layer dims: the whole unit's."""
         if len(self.layers) < 2 or len(self.layer_dims) != len(self.layers):
-            return self.padded_numel(n)
+            return self.trainable(self.padded_numel(n))
         sizes = [int(n * shard) for shard in self._layer_shards(n)]
         return sizes[0] if last else max(sizes)
 
@@ -273,6 +276,14 @@ class UnitCost:
     def shard_numel(self, n: int) -> int:
         """Elements per worker sharded n ways (dim 0 of each parameter padded)."""
         return shard_numel(self.params, self.dims, n)
+
+    def trainable(self, numel: int) -> int:
+        """Of `numel` elements of this unit (a shard, a padded buffer), those that get a
+        gradient: in proportion, as FSDP2 lays frozen and trainable parameters side by side
+        ([Note: frozen parameters] in sim/memory.py)."""
+        if not self.frozen_params or not self.params:
+            return numel
+        return numel * (self.params - self.frozen_params) // self.params
 
     def padded_numel(self, n: int) -> int:
         """Elements of the AllGather output / ReduceScatter input over n shards; the

@@ -21,9 +21,7 @@ def simulate(sc: Scenario) -> SimResult:
     tl = replay(sc)
     mem = step_memory(sc)
     top = max(mem, key=lambda m: m.total)
-    states = sum(model_states_bytes(u.params, s, sc.cluster.world, sc.state, u.dims,
-                                    local=sc.cluster.local)
-                 for u, s in zip(sc.units, sc.strategies))
+    states = sum(_unit_states(u, s, sc) for u, s in zip(sc.units, sc.strategies))
     step, compute, comm = accumulated_seconds(sc, tl)
     pred = Predicted(
         peak_bytes=top.total, step_seconds=step, compute_seconds=compute,
@@ -50,3 +48,13 @@ def accumulated_seconds(sc: Scenario, tl: Timeline) -> tuple[float, float, float
     earlier = quiet.compute[-1].start
     compute = k * (tl.compute_seconds - opt_seconds) + opt_seconds
     return (k - 1) * earlier + micro + opt_seconds, compute, (k - 1) * quiet.comm_seconds + tl.comm_seconds
+
+
+def _unit_states(u, strategy, sc: Scenario) -> int:
+    """ZeRO's model states of one unit per worker; its frozen part has parameters only
+    ([Note: frozen parameters] in sim/memory.py)."""
+    at_rest = model_states_bytes(u.params, strategy, sc.cluster.world, sc.state, u.dims, local=sc.cluster.local)
+    if not u.frozen_params:
+        return at_rest
+    per_param = at_rest // sc.state.at_rest
+    return per_param * sc.state.param + u.trainable(per_param) * (sc.state.grad + sc.state.optimizer)

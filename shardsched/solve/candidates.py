@@ -109,6 +109,7 @@ def _with_residual(layer: LayerProfile) -> list[LayerProfile]:
     residual = layer.activation_bytes - sum(c.activation_bytes for c in kids)
     kids[-1] = LayerProfile(
         name=last.name, params=last.params + layer.params - sum(c.params for c in kids),
+        frozen_params=last.frozen_params + layer.frozen_params - sum(c.frozen_params for c in kids),
         forward_seconds=last.forward_seconds + layer.forward_seconds - sum(c.forward_seconds for c in kids),
         backward_seconds=last.backward_seconds + layer.backward_seconds - sum(c.backward_seconds for c in kids),
         activation_bytes=last.activation_bytes + residual,

@@ -43,12 +43,28 @@ def _quiet():
     # [Note: boolean masks on fake tensors] in profile/trace.py: +33% before (measured profile)
     (um.build_gnn, "full_shard+sac"), (um.build_gnn, "full_shard+ckpt"), (um.build_gnn, "replicate"),
     (um.build_shared, "replicate"),
+    # [Note: frozen parameters] in sim/memory.py: +379% / +52% / +83% / +13% before
+    (um.build_frozen, "replicate"), (um.build_frozen, "shard_grad_op"),
+    (um.build_frozen, "replicate,head.*=full_shard"), (um.build_frozen, "full_shard"),
 ])
 def test_user_model_predicted_as_verified(build, strategy):
     model, inputs = build()
     plan = plan_model(model, inputs, world=4, strategy=strategy, headroom="0")
     err = plan.predicted.peak_bytes / plan.verified.peak_bytes - 1
     assert abs(err) <= TOL, (strategy, err, plan.predicted.peak_at, plan.verified.peak_at)
+
+
+def test_frozen_parameters_hold_no_gradient_and_no_adam_state():
+    """ZeRO's model states in closed form: every parameter's 4 bytes, 4 + 8 more (gradient, Adam)
+    for the 4,810 trainable ones only; the verified optimizer state is theirs too."""
+    model, inputs = um.build_frozen()
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert (total, trainable) == (136_970, 4_810)
+    plan = plan_model(model, inputs, world=4, strategy="replicate", headroom="0")
+    assert plan.predicted.model_states_bytes == 4 * total + 12 * trainable
+    adam_steps = 4 * 4  # one 4-byte step counter per trained tensor (4 of them)
+    assert plan.verified.memory["Optstate"] == 8 * trainable + adam_steps
 
 
 @pytest.mark.parametrize("strategy", ["full_shard", "full_shard+ckpt"])

@@ -167,3 +167,25 @@ class EncoderViT(nn.Module):
 def build_vit(micro_batch: int = 8):
     g = _gen()
     return EncoderViT(), (torch.randn(micro_batch, 64, 48, generator=g), torch.randint(0, 10, (micro_batch,), generator=g))
+
+
+class FrozenBackbone(nn.Module):
+    """A frozen pretrained trunk (an embedding table and a projection, `requires_grad=False`)
+    under a small trained head: the trunk gets no gradient and no optimizer state."""
+
+    def __init__(self, vocab: int = 2000, d: int = 64, classes: int = 10):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.proj = nn.Linear(d, d)
+        for p in [*self.embed.parameters(), *self.proj.parameters()]:
+            p.requires_grad_(False)
+        self.head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, classes))
+
+    def forward(self, idx: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.head(self.proj(self.embed(idx)).mean(1)), y)
+
+
+def build_frozen(micro_batch: int = 8, seq: int = 16):
+    g = _gen()
+    return FrozenBackbone(), (torch.randint(0, 2000, (micro_batch, seq), generator=g),
+                              torch.randint(0, 10, (micro_batch,), generator=g))
