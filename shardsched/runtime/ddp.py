@@ -32,15 +32,37 @@ def runs_on_ddp(plan: Plan) -> bool:
             and not any(u.checkpoint for u in plan.units))
 
 
-def finds_unused(plan: Plan) -> bool:
+def finds_unused(plan: Plan, model: nn.Module) -> bool:
     """[Note: parameters without a gradient] DDP waits for every parameter's gradient before it
     finishes a step's reduction; a parameter the loss never reaches (DINOv2's `mask_token`)
     fails the second step ("Expected to have finished reduction in the prior iteration").
     `find_unused_parameters` walks the autograd graph every step to mark such parameters
-    ready; it costs that walk, so it is on only where verification saw a parameter with no
-    gradient (`Verified.unused_params`). An unverified plan (`--no-verify`, a plan written by
-    hand) keeps DDP's own default, off.""" 
-    return plan.verified is not None and bool(plan.verified.unused_params)
+    ready; it costs that walk, so it is on only where a step can leave a parameter without a
+    gradient: verification saw one (`Verified.unused_params`), or the model skips parts of
+    itself at random, which two verified steps need not see (`drops_at_random`). An
+    unverified plan of a model that does neither keeps DDP's own default, off."""
+    return (plan.verified is not None and bool(plan.verified.unused_params)) or drops_at_random(model)
+
+
+# Hugging Face's names for per-step random structure in training: LayerDrop (Wav2Vec2, Whisper,
+# BART, ...: `config.layerdrop`, fairseq's `layerdrop` attribute) skips whole layers;
+# SpecAugment (`mask_time_prob`, `mask_feature_prob`) uses `masked_spec_embed` only on the
+# steps it masks. Either leaves some steps' gradients without those parameters.
+RANDOM_STRUCTURE = ("layerdrop", "mask_time_prob", "mask_feature_prob")
+
+
+def drops_at_random(model: nn.Module) -> bool:
+    """True when a module of `model`, or its Hugging Face config, sets a `RANDOM_STRUCTURE`
+    probability above 0."""
+    for m in model.modules():
+        for holder in (m, getattr(m, "config", None)):
+            if any(_positive(getattr(holder, name, None)) for name in RANDOM_STRUCTURE):
+                return True
+    return False
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def replicate_with_ddp(model: nn.Module, *, mesh: DeviceMesh, find_unused_parameters: bool = False) -> nn.Module:

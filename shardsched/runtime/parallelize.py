@@ -172,7 +172,7 @@ def parallelize(model: nn.Module, plan: Plan, *, mesh: DeviceMesh, ddp: bool = T
     check_plan(model, plan, mesh.size())
     checkpoint_layers(model, plan)
     if ddp and runs_on_ddp(plan):  # DDP's engine for plain data parallelism: see runtime/ddp.py
-        return replicate_with_ddp(model, mesh=mesh, find_unused_parameters=finds_unused(plan))
+        return replicate_with_ddp(model, mesh=mesh, find_unused_parameters=finds_unused(plan, model))
     check_nodes(plan, mesh.size())
     mp = mp_policy(plan.precision)
     meshes: dict[int, DeviceMesh] = {}  # shard size -> 2-D mesh, built once (each builds process groups)

@@ -53,12 +53,14 @@ class _Labels(torch.nn.Module):
         return self.model(x, labels=labels).loss
 
 
-def build_wav2vec2(micro_batch: int = 2):
+def build_wav2vec2(micro_batch: int = 2, layerdrop: float = 0.0):
+    """`layerdrop` > 0: LayerDrop skips random layers each step, so which parameters get a
+    gradient changes from step to step ([Note: parameters without a gradient] in runtime/ddp.py)."""
     from transformers import Wav2Vec2Config, Wav2Vec2ForCTC
     cfg = Wav2Vec2Config(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
                          vocab_size=32, conv_dim=(16, 16), conv_stride=(5, 4), conv_kernel=(10, 8),
                          num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, mask_time_prob=0.0,
-                         layerdrop=0.0)  # LayerDrop skips random layers a step: DDP would need find_unused
+                         layerdrop=layerdrop)
     g = _gen()
     return _Labels(Wav2Vec2ForCTC(cfg)), (torch.randn(micro_batch, 1600, generator=g),
                                           torch.randint(1, 32, (micro_batch, 12), generator=g))
@@ -67,3 +69,7 @@ def build_wav2vec2(micro_batch: int = 2):
 def build_dinov2_labels(micro_batch: int = 4):
     model, (pixels, labels) = build_dinov2(micro_batch)
     return _Labels(model), (pixels, labels)
+
+
+def build_wav2vec2_layerdrop(micro_batch: int = 2):
+    return build_wav2vec2(micro_batch, layerdrop=0.7)

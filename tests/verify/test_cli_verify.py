@@ -46,6 +46,15 @@ TRAINED = [("hf_models.py:build_clip", "full_shard"), ("hf_models.py:build_dinov
            ("hf_models.py:build_wav2vec2", "full_shard"), ("user_models.py:build_shared", "shard_grad_op")]
 
 
+def test_a_model_that_drops_layers_at_random_trains_on_ddp(tmp_path):
+    """Wav2Vec2 with LayerDrop 0.7 under replicate (DDP): a later step leaves a layer without
+    gradients, which failed the step after it ("Expected to have finished reduction ...")."""
+    r = shardsched("train", "--model", f"python:{HERE / 'hf_models.py:build_wav2vec2_layerdrop'}", "--strategy",
+                   "replicate", "--nproc", "2", "--steps", "4", "--run-dir", str(tmp_path / "run"), "--quiet")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["steps"] == 4
+
+
 @pytest.mark.parametrize("builder,strategy", TRAINED, ids=[b.split(":")[1] for b, _ in TRAINED])
 def test_models_that_crashed_or_were_refused_plan_and_train(builder, strategy, tmp_path):
     """CLIP (a scalar parameter), DINOv2 on DDP (a parameter without gradient), Wav2Vec2-CTC

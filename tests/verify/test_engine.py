@@ -47,8 +47,18 @@ def test_a_parameter_without_gradient_turns_on_ddps_search_for_it():
     model, inputs = um.build_dino()
     plan = plan_model(model, inputs, world=4, strategy="replicate")
     assert plan.verified.engine == "ddp" and plan.verified.unused_params == ("mask_token",)
-    assert finds_unused(plan)
-    assert not finds_unused(plan_model(*um.build_vit(), world=4, strategy="replicate"))
+    assert finds_unused(plan, model)
+    vit, inputs = um.build_vit()
+    assert not finds_unused(plan_model(vit, inputs, world=4, strategy="replicate"), vit)
+
+
+def test_a_model_that_drops_layers_at_random_turns_it_on_unverified():
+    """LayerDrop changes which parameters get a gradient step by step: two verified steps need
+    not see it, so the model's own setting turns DDP's search on, verified or not."""
+    from .hf_models import build_wav2vec2, build_wav2vec2_layerdrop
+    unverified = plan_model(*um.build_vit(), world=4, strategy="replicate", verify=False)
+    assert finds_unused(unverified, build_wav2vec2_layerdrop()[0])
+    assert not finds_unused(unverified, build_wav2vec2()[0])
 
 
 def test_a_model_fake_tensors_cannot_run_is_profiled_and_verified_for_real():
