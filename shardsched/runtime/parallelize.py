@@ -42,6 +42,7 @@ from shardsched.plan.validate import check_plan_layers
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.layers import tied_sets
 from shardsched.runtime.ddp import finds_unused, replicate_with_ddp, runs_on_ddp
+from shardsched.runtime.gloo import settle_gloo_all_gathers
 from shardsched.runtime.sac import selective_contexts
 from shardsched.runtime.scalars import average_scalar_grads, scalar_params
 
@@ -191,6 +192,7 @@ def parallelize(model: nn.Module, plan: Plan, *, mesh: DeviceMesh, ddp: bool = T
     kw = unit_kwargs(root.strategy, mesh, meshes, plan.gpus_per_node) if root is not None else dict(mesh=mesh)
     fully_shard(model, mp_policy=mp, ignored_params=scalars or None, **{**kw, "reshard_after_forward": False})
     average_scalar_grads(scalars, mesh.get_group())
+    settle_gloo_all_gathers(model, mesh.get_group())  # [Note: gloo's lagging buffers] in runtime/gloo.py
     if root is not None:
         heads[root.name] = model
     apply_schedule(plan, heads)
