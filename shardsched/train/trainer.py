@@ -375,7 +375,7 @@ def _shape_words(run: _Run) -> str:
     from shardsched.plan.report import shape_words
     t, plan, acc = run.task, run.plan, run.accum
     rows = acc.micro_batch if acc.steps > 1 else t.micro_batch
-    words = f"micro-batch {rows}" + (f" x seq {t.seq}" if t.seq else "")
+    words = t.inputs_words or f"micro-batch {rows}" + (f" x seq {t.seq}" if t.seq else "")
     assumed = shape_words(plan)
     words = words if assumed == words else f"{words} (the plan assumed {assumed})"
     if acc.steps > 1:
@@ -410,8 +410,7 @@ def _summary(run: _Run, start: int, peaks: list) -> dict:
         "last_loss": run.losses[-1] if run.losses else (rows[-1]["loss"] if rows else None),
         "last_val_loss": next((r["val_loss"] for r in reversed(rows) if "val_loss" in r), None),
         "steps": cfg.steps, "start_step": start, "world": run.mesh.size(), "model": cfg.model,
-        "batch": cfg.batch, "seq": cfg.seq,
-        "micro_batch": run.accum.micro_batch if run.accum.steps > 1 else run.task.micro_batch,
+        **_shape_fields(run),
         "accumulation": run.accum.steps, "grad_sync": run.accum.grad_sync.value,
         "measured_peak_bytes": max(known) if known else None,
         "measured_peak_bytes_per_worker": peaks,
@@ -422,11 +421,23 @@ def _summary(run: _Run, start: int, peaks: list) -> dict:
         "predicted_step_seconds": plan.predicted.step_seconds,
         "tokens_per_s": run.task.tokens_per_step / median if median else None,
         "throughput_unit": run.task.unit,
-        "units": [{"name": u.name, "layers": list(u.layers), "strategy": u.strategy.value} for u in plan.units],
+        "units": [{"name": u.name, "layers": list(u.layers), "strategy": u.strategy.value,
+                   "checkpoint": u.checkpoint.suffix} for u in plan.units],
         "notes": list(dict.fromkeys([*plan.notes, *run.task.notes])),  # a model note is in both
         "fingerprint": plan.fingerprint,
         **budget_check(plan, max(known) if known else None),
     }
+
+
+def _shape_fields(run: _Run) -> dict:
+    """summary.json's shapes: --batch/--seq only where the run's data is cut by them (text:
+    both, hf: vision: the batch), else null (a python: model's builder sizes its own inputs);
+    the micro-batch (null for inputs with no batch dimension) and the example inputs' shapes."""
+    t, cfg = run.task, run.cfg
+    micro = run.accum.micro_batch if run.accum.steps > 1 else t.micro_batch
+    return {"batch": cfg.batch if t.unit in ("tok", "img") else None, "seq": cfg.seq if t.unit == "tok" else None,
+            "micro_batch": micro or None, "inputs": t.inputs_words or None,
+            "input_shapes": [{"shape": shape, "dtype": dtype} for shape, dtype in t.input_shapes]}
 
 
 def budget_check(plan: Plan, measured_peak: int | None) -> dict:

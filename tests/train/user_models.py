@@ -144,3 +144,39 @@ def _image_batch(step: int, rank: int, world: int) -> tuple:
 
 def bn_cnn():
     return BatchNormCNN(), _image_batch(0, 0, 1), _image_batch
+
+
+# ---------------------------------------------------------------- a graph: no batch dimension
+
+NODES, EDGES, FEATURES = 50, 120, 8
+
+
+class GraphConv(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.lin = nn.Linear(width, width)
+
+    def forward(self, h, edges):
+        agg = torch.zeros_like(h).index_add(0, edges[1], h[edges[0]])
+        return torch.relu(self.lin(h + agg))
+
+
+class GNN(nn.Module):
+    """Node classification on one graph: x (nodes, features), edges (2, edges), y (nodes,)."""
+
+    def __init__(self, classes: int = 3):
+        super().__init__()
+        self.convs = nn.ModuleList([GraphConv(FEATURES), GraphConv(FEATURES)])
+        self.head = nn.Linear(FEATURES, classes)
+
+    def forward(self, x, edges, y):
+        for conv in self.convs:
+            x = conv(x, edges)
+        return F.cross_entropy(self.head(x), y)
+
+
+def gnn():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(NODES, FEATURES, generator=g)
+    edges = torch.randint(0, NODES, (2, EDGES), generator=g)
+    return GNN(), (x, edges, x[:, :3].argmax(1))
