@@ -253,7 +253,7 @@ def _task(cfg: TrainConfig, built: Built, *, world: int) -> Task:
         # salt 0: training windows, 1: validation windows (`train.data.get_batch`)
         used = {"source": text.source, "train_bytes": int(text.train.numel()), "val_bytes": int(text.val.numel())}
         return Task(train_batch=_corpus_fn(text.train, **kw, salt=0), eval_batch=_corpus_fn(text.val, **kw, salt=1),
-                    tokens_per_step=cfg.batch * cfg.seq, data_used=used)
+                    tokens_per_step=cfg.batch * cfg.seq, data_used=used, notes=(text.note,) if text.note else ())
     if built.batch_fn is not None and parse_model_spec(cfg.model).sized:
         pixels = built.example_inputs[0]
         classes = int(getattr(built.model.config, "num_labels", 2))

@@ -342,6 +342,7 @@ def _train(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.devic
     if rank == 0:  # only now: a failed start or resume changes nothing in the run directory
         _write_run_files(cfg, run.plan, run.task)
         _prepare_metrics(cfg, start)
+        log.open()  # train.log too (`progress.RunLog`)
     measure = cfg.measure_memory and run.device.type == "cpu"
     cpu_peak = _measure_cpu_peak_or_warn(run) if measure else None
     if run.device.type == "cuda":
