@@ -331,12 +331,19 @@ def train(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.device
     (also into RUN_DIR/train.log, see train/progress.py).
 
     `plan` overrides cfg.plan / make_plan (tests build plans by hand)."""
-    with logged_output(cfg.run_dir, enabled=rank == 0) as log:
-        return _train(cfg, mesh=mesh, rank=rank, device=device or torch.device("cpu"), plan=plan, log=log)
+    from shardsched.runtime.library_warnings import explained
+    said: list[str] = []  # FSDP2's and DDP's warnings about the model, in our words, for summary.json
+
+    def say(words: str) -> None:
+        said.append(words)
+        print(f"note: {words}", file=sys.stderr, flush=True)
+    with logged_output(cfg.run_dir, enabled=rank == 0) as log, explained(say if rank == 0 else None):
+        return _train(cfg, mesh=mesh, rank=rank, device=device or torch.device("cpu"), plan=plan, log=log,
+                      said=said)
 
 
 def _train(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.device, plan: Plan | None,
-           log) -> TrainResult:
+           log, said: list[str]) -> TrainResult:
     run = _setup(cfg, mesh=mesh, rank=rank, device=device, plan=plan)
     start = _resume(run) if cfg.resume else 0
     if rank == 0:  # only now: a failed start or resume changes nothing in the run directory
@@ -359,6 +366,7 @@ def _train(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.devic
         progress.close()
     peaks = _peak_bytes(run, cpu_peak) if cfg.measure_memory else [None] * mesh.size()
     summary = _summary(run, start, peaks)
+    summary["notes"] += said
     if rank == 0:
         (Path(cfg.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1))
         if not cfg.quiet:

@@ -143,3 +143,19 @@ def test_batched_user_inputs_state_their_micro_batch(tmp_path):
     summary = _train(tmp_path / "run", "mlp_batches")
     assert (summary["batch"], summary["seq"], summary["micro_batch"], summary["inputs"]) == (None, None, 4, None)
     assert summary["input_shapes"] == [{"shape": [4, 8], "dtype": "float32"}, {"shape": [4], "dtype": "float32"}]
+
+
+@pytest.mark.parametrize("model, strategy, words", [
+    ("convnext", "replicate", "note: DDP warns that a gradient's memory layout differs from its reduction bucket's"),
+    ("convnext", "full_shard", "note: FSDP2 warns that the unit of Conv2d, ConvNeXtBlock, Linear returns a view"),
+    ("lstm", "full_shard", "note: FSDP2 warns that the unit of Embedding, LSTM, Linear returns a view"),
+])
+def test_library_warnings_are_said_once_in_our_words(model, strategy, words, tmp_path, capfd):
+    """PyTorch warned from every worker (2-8 lines a run); now rank 0 says once what it means."""
+    summary = _train(tmp_path / "run", model, "--strategy", strategy, "--steps", "3", "--quiet")
+    err = capfd.readouterr().err
+    assert [ln for ln in err.splitlines() if "warn" in ln.lower()] == [ln for ln in err.splitlines()
+                                                                         if ln.startswith(words)], err
+    assert len([ln for ln in err.splitlines() if ln.startswith(words)]) == 1, err
+    assert "UserWarning" not in err and "bucket view strides" not in err and "view tensor" not in err
+    assert [n for n in summary["notes"] if n.startswith(words.removeprefix("note: "))] != []
