@@ -144,6 +144,16 @@ class Unit:
     def __post_init__(self):  # a bool (older code, tests) reads as NONE / FULL
         object.__setattr__(self, "checkpoint", Checkpoint(self.checkpoint))
 
+    @property
+    def display_name(self) -> str:
+        """The name as reports print it: the root unit (named "") is "(root)", not a blank."""
+        return self.name or "(root)"
+
+    @property
+    def strategy_words(self) -> str:
+        """The strategy with its checkpointing, as `--strategy` and reports write it: "full_shard+ckpt"."""
+        return self.strategy.value + self.checkpoint.suffix
+
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryBreakdown:

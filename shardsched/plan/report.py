@@ -135,7 +135,10 @@ def wrap_name(name: str, width: int) -> str:
 
 
 def shape_words(plan: Plan) -> str:
-    """What one worker's step holds, as the plan assumed it: "micro-batch 4 x seq 1024"."""
+    """What one worker's step holds, as the plan assumed it: "micro-batch 4 x seq 1024", or
+    "inputs as built (...)" for inputs with no batch dimension (`profile.measure.inputs_words`)."""
+    if plan.extra.get("inputs"):
+        return plan.extra["inputs"]
     return f"micro-batch {plan.micro_batch}" + (f" x seq {plan.seq}" if plan.seq else "")
 
 

@@ -322,7 +322,7 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
                    source="measured", tied=asg.tied, root_tied_numel=asg.root_tied_numel,
                    buffer_bytes=L.buffer_bytes(run_model),
                    extra={"torch": torch.__version__, "threads": torch.get_num_threads(),
-                                             "repeats": repeats, "warmup": warmup, **L.notes_extra(model)})
+                                             "repeats": repeats, "warmup": warmup, **L.notes_extra(model), **inputs_extra(inputs)})
 
 
 def with_traced_memory(measured: Profile, traced: Profile) -> Profile:
@@ -370,12 +370,35 @@ def _scaled(layer: LayerProfile, scale: float) -> LayerProfile:
                                children=tuple(_scaled(c, scale) for c in layer.children))
 
 
+def shared_rows(inputs: tuple) -> int:
+    """The leading dimension every tensor input shares: the batch (tokens and targets, images
+    and labels); 0 when they disagree (a graph's node features and its edge list: no batch to
+    name) or no input has one. One tensor alone is taken as batched."""
+    lead = {int(t.shape[0]) for t in L.tensors_in(inputs) if t.dim() >= 1}
+    return lead.pop() if len(lead) == 1 else 0
+
+
 def batch_and_seq(inputs: tuple) -> tuple[int, int]:
-    """(batch, seq) from a 2-D integer first input (token ids); (leading dimension, 0) for
-    another tensor (images: the micro-batch is still what plans state); else (1, 0)."""
+    """(batch, seq) when the inputs share a leading dimension (`shared_rows`): seq is a 2-D
+    integer first input's second dimension (token ids), else 0; (1, 0) when they share none
+    (what plans state then is `inputs_words`)."""
+    rows = shared_rows(inputs)
+    if not rows:
+        return 1, 0
     first = inputs[0] if inputs else None
     if isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point():
-        return int(first.shape[0]), int(first.shape[1])
-    if isinstance(first, torch.Tensor) and first.dim() >= 1:
-        return int(first.shape[0]), 0
-    return 1, 0
+        return rows, int(first.shape[1])
+    return rows, 0
+
+
+def inputs_words(inputs: tuple) -> str:
+    """"inputs as built (2000x16 float32, 2x8000 int64)": the label of inputs with no shared
+    batch dimension (a micro-batch of one graph's 2000 nodes would mislead)."""
+    shapes = ", ".join("x".join(map(str, t.shape)) + f" {str(t.dtype).removeprefix('torch.')}"
+                       for t in L.tensors_in(inputs))
+    return f"inputs as built ({shapes})"
+
+
+def inputs_extra(inputs: tuple) -> dict:
+    """Profile.extra's "inputs" label where the inputs have no batch dimension, else nothing."""
+    return {} if shared_rows(inputs) else {"inputs": inputs_words(inputs)}

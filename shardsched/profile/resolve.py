@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-from pathlib import Path
 from typing import Any, NamedTuple
 
 from shardsched.cost.device import DeviceSpec
@@ -94,8 +92,14 @@ def traced_or_measured(model, inputs: tuple, *, name: str, device: DeviceSpec, d
     seconds from a real run, as `--measure`), and the plan says so in one line. A model on
     the meta device is built for real first (`real()`)."""
     from shardsched.profile.trace import Untraceable, trace_profile  # imports torch: only for code models
-    try:
-        return Profiled(trace_profile(model, inputs, name=name, device=device, compute_dtype=dtype), model, inputs)
+    from shardsched.profile import cache
+
+    def trace() -> Profile:
+        return trace_profile(model, inputs, name=name, device=device, compute_dtype=dtype)
+    try:  # [Note: the profile cache]: a second plan of the same model skips the trace
+        key = cache.model_key(model, inputs, name, repr(device), dtype)
+        return Profiled(cache.cached("traced", key, trace, to_text=Profile.to_json, from_text=Profile.from_json),
+                        model, inputs)
     except Untraceable as why:
         if any(p.device.type == "meta" for p in model.parameters()):
             if real is None:
@@ -109,10 +113,6 @@ def traced_or_measured(model, inputs: tuple, *, name: str, device: DeviceSpec, d
         return Profiled(dataclasses.replace(profile, extra=extra), model, inputs)
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("SHARDSCHED_CACHE", Path.home() / ".cache" / "shardsched")) / "profiles"
-
-
 def measured(model, inputs, *, name: str, repeats: int, compute_dtype: str) -> Profile:
     """A measured profile, cached by the model's fingerprint, input shapes, dtype and
     threads: the first measurement is reused, so timing noise cannot flip a plan
@@ -124,17 +124,11 @@ def measured(model, inputs, *, name: str, repeats: int, compute_dtype: str) -> P
     shapes = [tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor)]
     key = hashlib.sha256(json.dumps([fingerprint(model), str(shapes), compute_dtype, repeats,
                                      torch.get_num_threads(), torch.__version__]).encode()).hexdigest()[:20]
-    path = cache_dir() / f"{key}.json"
-    if path.exists():
-        return _traced_memory(Profile.from_json(path.read_text()), model, inputs, compute_dtype)
-    profile = measure_profile(model, inputs, name=name, repeats=repeats, warmup=1, compute_dtype=compute_dtype)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(profile.to_json())
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home: measure again next time
+    from shardsched.profile.cache import cached
+
+    def measure() -> Profile:
+        return measure_profile(model, inputs, name=name, repeats=repeats, warmup=1, compute_dtype=compute_dtype)
+    profile = cached("profiles", key, measure, to_text=Profile.to_json, from_text=Profile.from_json)
     return _traced_memory(profile, model, inputs, compute_dtype)
 
 

@@ -890,11 +890,11 @@ def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
         kid_profiles = tuple(_layer(c, _unique(model.get_submodule(c).parameters()), tracer.stats, device)
                              for c in kids)
         out.append(_layer(n, asg.params[n], tracer.stats, device, kid_profiles))
-    from shardsched.profile.measure import batch_and_seq
+    from shardsched.profile.measure import batch_and_seq, inputs_extra
     micro_batch, seq = batch_and_seq(inputs)
     return Profile(model=name, layers=tuple(out), fingerprint=fingerprint(model), compute_dtype=compute_dtype,
                    micro_batch=micro_batch, seq=seq, input_bytes=sum(_nbytes([t]) for t in L.tensors_in(inputs)),
                    source="traced", tied=asg.tied, root_tied_numel=asg.root_tied_numel,
                    buffer_bytes=L.buffer_bytes(model),
                    extra={"device": device.name, "torch": torch.__version__,
-                                                          **L.notes_extra(model)})
+                          **L.notes_extra(model), **inputs_extra(inputs)})

@@ -55,7 +55,10 @@ def _ops(*specs) -> frozenset:
     return frozenset(out)
 
 
-def _compute_intensive() -> frozenset:
+def torch_compute_intensive() -> frozenset:
+    """`get_default_op_list().compute_intensive_ops` as packets: what SAVED copies by name.
+    Not read at import: its module imports torch._dynamo and inductor, 2.7 s of every `plan`
+    (measured, -X importtime); a test checks SAVED still covers it."""
     try:
         from torch._functorch.partitioners import get_default_op_list
         return frozenset(getattr(op, "overloadpacket", op) for op in get_default_op_list().compute_intensive_ops)
@@ -64,17 +67,17 @@ def _compute_intensive() -> frozenset:
 
 
 SAVED = frozenset({
-    *_compute_intensive(),
     _aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm, _aten._scaled_mm, _aten.convolution, _aten._convolution,
     _aten.linear, _aten.topk,
     *(getattr(_aten, name) for name in dir(_aten)
       if name.startswith("_scaled_dot_product_") and "attention" in name and not name.endswith("_backward")),
     *_ops((_aten, "_grouped_mm"), (_aten, "_flash_attention_forward"), (_aten, "_efficient_attention_forward"),
           (torch.ops, "_c10d_functional.reduce_scatter_tensor"), (torch.ops, "_c10d_functional.all_to_all_single")),
-} - {_aten.convolution_backward, _aten.upsample_bilinear2d})
-"""Op packets whose outputs a selective layer keeps (every second mm of them under `+sac`).
-`compute_intensive_ops` also names `upsample_bilinear2d` and `convolution_backward`: the first
-is memory-bound, the second never runs in forward; left out."""
+})
+"""Op packets whose outputs a selective layer keeps (every second mm of them under `+sac`)."""
+NOT_SAVED = frozenset({_aten.convolution_backward, _aten.upsample_bilinear2d})
+"""`compute_intensive_ops` also names these: the first never runs in forward, the second is
+memory-bound; left out."""
 
 MATMULS = frozenset({_aten.mm, _aten.linear})
 """What torchtitan's mm counter counts (`mm_ops`)."""

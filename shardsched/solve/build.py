@@ -174,7 +174,13 @@ def plan_from_scenario(sc: Scenario, *, profile: Profile, memory_budget_bytes: i
                 precision=precision, optimizer=optimizer, device=sc.cluster.device.name,
                 micro_batch=profile.micro_batch, seq=profile.seq, units=units_with_schedule(sc),
                 accumulation=sc.accumulation, grad_sync=sc.grad_sync,
-                predicted=pred, solver=solver, notes=notes)
+                predicted=pred, solver=solver, notes=notes, extra=_inputs_extra(profile))
+
+
+def _inputs_extra(profile: Profile) -> dict:
+    """A python: model's inputs with no batch dimension, as the plan states them instead of
+    a micro-batch (`profile.measure.inputs_words`)."""
+    return {"inputs": profile.extra["inputs"]} if "inputs" in profile.extra else {}
 
 
 def budget_notes(peak: int, budget: int | None) -> list[str]:

@@ -31,6 +31,8 @@ class TextData:
     """Validation bytes (the last VAL_FRACTION of the corpus), 1-D uint8."""
     source: str
     """Where the bytes came from: a path, or "python-stdlib"."""
+    note: str = ""
+    """What the run says about a --data file that is not text (`not_text_note`), else ""."""
 
 
 def stdlib_corpus(max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
@@ -90,7 +92,26 @@ def load_text(path: str | None, *, batch: int, seq: int, max_bytes: int = DEFAUL
     n_val = max(seq + 1, int(len(blob) * VAL_FRACTION))
     # Keep at least one global batch of training bytes even when the file is small.
     n_val = min(n_val, len(blob) - batch * (seq + 1))
-    return TextData(train=tokens[:-n_val], val=tokens[-n_val:], source=source)
+    return TextData(train=tokens[:-n_val], val=tokens[-n_val:], source=source,
+                    note=not_text_note(blob, source) if path else "")
+
+
+def not_text_note(blob: bytes, source: str) -> str:
+    """A --data file that is not UTF-8 text (a binary, Latin-1) trains all the same: the model's
+    tokens are bytes, so any file is a corpus. Said once, so a wrong path is noticed; "" for text."""
+    import codecs
+    decoder, chunk = codecs.getincrementaldecoder("utf-8")(), 16 << 20  # no whole-file str copy
+    for i in range(0, len(blob), chunk):
+        try:
+            decoder.decode(blob[i:i + chunk], final=i + chunk >= len(blob))
+        except UnicodeDecodeError as e:
+            return (f"--data {source} is not UTF-8 text (byte {i + e.start:,} of {len(blob):,}): trained on its "
+                    f"raw bytes as tokens, as any file (the vocabulary is the 256 byte values)")
+    nul = blob.find(b"\0")
+    if nul >= 0:
+        return (f"--data {source} holds NUL bytes (byte {nul:,} of {len(blob):,}), a binary file: trained on "
+                f"its raw bytes as tokens, as any file (the vocabulary is the 256 byte values)")
+    return ""
 
 
 def check_divisible(*, batch: int, world: int) -> None:

@@ -62,21 +62,53 @@ class _Tee:
         return self.stream.fileno()
 
 
+class RunLog:
+    """RUN_DIR/train.log, opened only once the run has started (`open`): until then what is
+    written is held in memory, so a refused start (a budget no plan fits, a layer override
+    that names nothing, a bad --plan) leaves no run directory, or an existing one as it was."""
+
+    def __init__(self, path: Path):
+        self.path, self.held, self.file = path, [], None
+
+    def open(self) -> None:
+        if self.file is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.file = open(self.path, "a", buffering=1)
+            self.file.write("".join(self.held))
+            self.held = []
+
+    def write(self, text: str) -> int:
+        if self.file is None:
+            self.held.append(text)
+        else:
+            self.file.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
 @contextlib.contextmanager
-def logged_output(run_dir: str, *, enabled: bool) -> Iterator[TextIO | None]:
+def logged_output(run_dir: str, *, enabled: bool) -> Iterator[RunLog | None]:
     """While open, what this process prints also goes to RUN_DIR/train.log (appended:
-    a resumed run continues the log). Yields the log file, or None when not enabled."""
+    a resumed run continues the log) once the caller opens it (`RunLog`). Yields the log,
+    or None when not enabled."""
     if not enabled:
         yield None
         return
-    Path(run_dir).mkdir(parents=True, exist_ok=True)
     out, err = sys.stdout, sys.stderr
-    with open(Path(run_dir) / LOG_NAME, "a", buffering=1) as log:
-        sys.stdout, sys.stderr = _Tee(out, log, show=True), _Tee(err, log, show=True)
-        try:
-            yield log
-        finally:
-            sys.stdout, sys.stderr = out, err
+    log = RunLog(Path(run_dir) / LOG_NAME)
+    sys.stdout, sys.stderr = _Tee(out, log, show=True), _Tee(err, log, show=True)
+    try:
+        yield log
+    finally:
+        sys.stdout, sys.stderr = out, err
+        log.close()
 
 
 class Progress:

@@ -40,11 +40,13 @@ def print_summary(summary: dict) -> None:
 
 
 def folded_units(units: list[dict]) -> list[tuple[str, str]]:
-    """(name, strategy) rows; 3 or more consecutive units of one strategy and size in one row."""
+    """(name, strategy) rows, the strategy with its checkpointing ("full_shard+ckpt", as the
+    plan prints it); 3 or more consecutive units of one strategy and size in one row."""
+    label = lambda u: u["strategy"] + u.get("checkpoint", "")  # noqa: E731 - older summaries have none
     rows = []
-    for a, b in runs(units, key=lambda u: (u["strategy"], len(u["layers"]))):
+    for a, b in runs(units, key=lambda u: (label(u), len(u["layers"]))):
         if b - a < 2:
-            rows.extend((short_name(u["name"]), u["strategy"]) for u in units[a:b + 1])
+            rows.extend((short_name(u["name"]), label(u)) for u in units[a:b + 1])
         else:
-            rows.append((short_name(span_name(units[a]["name"], units[b]["name"])), f"{units[a]['strategy']} x{b - a + 1}"))
+            rows.append((short_name(span_name(units[a]["name"], units[b]["name"])), f"{label(units[a])} x{b - a + 1}"))
     return rows

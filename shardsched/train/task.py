@@ -66,7 +66,12 @@ class Task:
     tokens_per_step: int
     """Tokens (text models) or leading-dimension rows (others) of one global batch."""
     micro_batch: int = 0
-    """Rows of one worker's batch (the shape the console states; 0: not known)."""
+    """Rows of one worker's batch (the shape the console states; 0: not known, or inputs
+    with no shared batch dimension, which `inputs_words` then states)."""
+    inputs_words: str = ""
+    """"inputs as built (...)" where micro_batch is 0 (`profile.measure.inputs_words`)."""
+    input_shapes: tuple = ()
+    """((shape, dtype), ...) of one worker's example inputs, as summary.json records them."""
     seq: int = 0
     """Tokens per row (0: not token sequences)."""
     unit: str = "tok"
@@ -225,10 +230,15 @@ def make_task(cfg: TrainConfig, built: Built, *, world: int) -> Task:
     """Where each step's inputs come from, and the shape of one worker's batch."""
     import dataclasses
 
-    from shardsched.profile.measure import batch_and_seq
+    from shardsched.profile import layers as L
+    from shardsched.profile.measure import batch_and_seq, inputs_words, shared_rows
     task = _task(cfg, built, world=world)
-    micro_batch, seq = batch_and_seq(built.example_inputs)
-    return dataclasses.replace(task, micro_batch=micro_batch, seq=seq)
+    inputs = built.example_inputs
+    micro_batch, seq = batch_and_seq(inputs)
+    shapes = tuple((list(t.shape), str(t.dtype).removeprefix("torch.")) for t in L.tensors_in(inputs))
+    batched = bool(shared_rows(inputs))
+    return dataclasses.replace(task, micro_batch=micro_batch if batched else 0, seq=seq, input_shapes=shapes,
+                               inputs_words="" if batched else inputs_words(inputs))
 
 
 def _task(cfg: TrainConfig, built: Built, *, world: int) -> Task:
@@ -243,7 +253,7 @@ def _task(cfg: TrainConfig, built: Built, *, world: int) -> Task:
         # salt 0: training windows, 1: validation windows (`train.data.get_batch`)
         used = {"source": text.source, "train_bytes": int(text.train.numel()), "val_bytes": int(text.val.numel())}
         return Task(train_batch=_corpus_fn(text.train, **kw, salt=0), eval_batch=_corpus_fn(text.val, **kw, salt=1),
-                    tokens_per_step=cfg.batch * cfg.seq, data_used=used)
+                    tokens_per_step=cfg.batch * cfg.seq, data_used=used, notes=(text.note,) if text.note else ())
     if built.batch_fn is not None and parse_model_spec(cfg.model).sized:
         pixels = built.example_inputs[0]
         classes = int(getattr(built.model.config, "num_labels", 2))

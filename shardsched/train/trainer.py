@@ -331,17 +331,25 @@ def train(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.device
     (also into RUN_DIR/train.log, see train/progress.py).
 
     `plan` overrides cfg.plan / make_plan (tests build plans by hand)."""
-    with logged_output(cfg.run_dir, enabled=rank == 0) as log:
-        return _train(cfg, mesh=mesh, rank=rank, device=device or torch.device("cpu"), plan=plan, log=log)
+    from shardsched.runtime.library_warnings import explained
+    said: list[str] = []  # FSDP2's and DDP's warnings about the model, in our words, for summary.json
+
+    def say(words: str) -> None:
+        said.append(words)
+        print(f"note: {words}", file=sys.stderr, flush=True)
+    with logged_output(cfg.run_dir, enabled=rank == 0) as log, explained(say if rank == 0 else None):
+        return _train(cfg, mesh=mesh, rank=rank, device=device or torch.device("cpu"), plan=plan, log=log,
+                      said=said)
 
 
 def _train(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.device, plan: Plan | None,
-           log) -> TrainResult:
+           log, said: list[str]) -> TrainResult:
     run = _setup(cfg, mesh=mesh, rank=rank, device=device, plan=plan)
     start = _resume(run) if cfg.resume else 0
     if rank == 0:  # only now: a failed start or resume changes nothing in the run directory
         _write_run_files(cfg, run.plan, run.task)
         _prepare_metrics(cfg, start)
+        log.open()  # train.log too (`progress.RunLog`)
     measure = cfg.measure_memory and run.device.type == "cpu"
     cpu_peak = _measure_cpu_peak_or_warn(run) if measure else None
     if run.device.type == "cuda":
@@ -358,6 +366,7 @@ def _train(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.devic
         progress.close()
     peaks = _peak_bytes(run, cpu_peak) if cfg.measure_memory else [None] * mesh.size()
     summary = _summary(run, start, peaks)
+    summary["notes"] += said
     if rank == 0:
         (Path(cfg.run_dir) / "summary.json").write_text(json.dumps(summary, indent=1))
         if not cfg.quiet:
@@ -375,7 +384,7 @@ def _shape_words(run: _Run) -> str:
     from shardsched.plan.report import shape_words
     t, plan, acc = run.task, run.plan, run.accum
     rows = acc.micro_batch if acc.steps > 1 else t.micro_batch
-    words = f"micro-batch {rows}" + (f" x seq {t.seq}" if t.seq else "")
+    words = t.inputs_words or f"micro-batch {rows}" + (f" x seq {t.seq}" if t.seq else "")
     assumed = shape_words(plan)
     words = words if assumed == words else f"{words} (the plan assumed {assumed})"
     if acc.steps > 1:
@@ -410,8 +419,7 @@ def _summary(run: _Run, start: int, peaks: list) -> dict:
         "last_loss": run.losses[-1] if run.losses else (rows[-1]["loss"] if rows else None),
         "last_val_loss": next((r["val_loss"] for r in reversed(rows) if "val_loss" in r), None),
         "steps": cfg.steps, "start_step": start, "world": run.mesh.size(), "model": cfg.model,
-        "batch": cfg.batch, "seq": cfg.seq,
-        "micro_batch": run.accum.micro_batch if run.accum.steps > 1 else run.task.micro_batch,
+        **_shape_fields(run),
         "accumulation": run.accum.steps, "grad_sync": run.accum.grad_sync.value,
         "measured_peak_bytes": max(known) if known else None,
         "measured_peak_bytes_per_worker": peaks,
@@ -422,11 +430,23 @@ def _summary(run: _Run, start: int, peaks: list) -> dict:
         "predicted_step_seconds": plan.predicted.step_seconds,
         "tokens_per_s": run.task.tokens_per_step / median if median else None,
         "throughput_unit": run.task.unit,
-        "units": [{"name": u.name, "layers": list(u.layers), "strategy": u.strategy.value} for u in plan.units],
+        "units": [{"name": u.name, "layers": list(u.layers), "strategy": u.strategy.value,
+                   "checkpoint": u.checkpoint.suffix} for u in plan.units],
         "notes": list(dict.fromkeys([*plan.notes, *run.task.notes])),  # a model note is in both
         "fingerprint": plan.fingerprint,
         **budget_check(plan, max(known) if known else None),
     }
+
+
+def _shape_fields(run: _Run) -> dict:
+    """summary.json's shapes: --batch/--seq only where the run's data is cut by them (text:
+    both, hf: vision: the batch), else null (a python: model's builder sizes its own inputs);
+    the micro-batch (null for inputs with no batch dimension) and the example inputs' shapes."""
+    t, cfg = run.task, run.cfg
+    micro = run.accum.micro_batch if run.accum.steps > 1 else t.micro_batch
+    return {"batch": cfg.batch if t.unit in ("tok", "img") else None, "seq": cfg.seq if t.unit == "tok" else None,
+            "micro_batch": micro or None, "inputs": t.inputs_words or None,
+            "input_shapes": [{"shape": shape, "dtype": dtype} for shape, dtype in t.input_shapes]}
 
 
 def budget_check(plan: Plan, measured_peak: int | None) -> dict:

@@ -139,6 +139,8 @@ def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
         from shardsched.profile.layers import resolve_spec
         resolve_spec(built.model, cfg.layers)  # every --layers item names a module of this model
     plan = load_plan(cfg.plan, model=built.model, world=world) if cfg.plan else None
+    if plan is not None:
+        check_plan_order(plan, built.model, task.train_batch(0, 0, world), path=cfg.plan)
     check_accumulation(cfg, plan, world=world)
     if cfg.resume:
         found = ckpt.find_checkpoint(cfg.resume, log=lambda m: print(m, file=sys.stderr))
@@ -150,6 +152,38 @@ def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
     for note in task.notes:  # only once the input is good: an error stays one line
         print(f"note: {note}", file=sys.stderr)
     return cfg
+
+
+def execution_order(model, inputs: tuple) -> dict[str, int]:
+    """Module path -> when its forward first ran, on one forward of `inputs` (no grad)."""
+    import torch
+    names, seen = {id(m): n for n, m in model.named_modules()}, {}
+
+    def pre(module, args):
+        name = names.get(id(module))
+        if name is not None:
+            seen.setdefault(name, len(seen))
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(pre)
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    finally:
+        handle.remove()
+    return seen
+
+
+def check_plan_order(plan, model, inputs: tuple, *, path: str) -> None:
+    """A --plan lists its layers in the order the model runs them, as `plan` writes them
+    and as its prefetches and predictions assume (`plan --plan` checks the same against its
+    profile). Registration order can differ from execution order, so the model runs once;
+    the root ("") and modules its forward never calls are not ordered."""
+    from shardsched.plan.validate import ACCEPTED
+    order = execution_order(model, inputs)
+    flat = [layer for u in plan.units for layer in u.layers if layer and layer in order]
+    for a, b in zip(flat, flat[1:]):
+        if order[b] < order[a]:
+            raise UsageError(f"--plan {path} lists layer {b!r} after {a!r}, out of the order the model runs "
+                             f"them; {ACCEPTED}")
 
 
 def check_accumulation(cfg: TrainConfig, plan, *, world: int) -> None:

@@ -62,8 +62,6 @@ def model_for(subject: Subject, plan: Plan) -> tuple[Any, tuple]:
 def verifier(subject: Subject) -> Callable[[Plan], Verified]:
     """verify(plan) -> Verified: on fake tensors, or for real when the model needs values
     ([Note: models that cannot run on fake tensors]); raises `Unverifiable` when neither can."""
-    from shardsched.verify.engine import verify_plan
-
     def verify(plan: Plan) -> Verified:
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():  # [Note: the fake world is this process's own]
@@ -72,20 +70,43 @@ def verifier(subject: Subject) -> Callable[[Plan], Verified]:
                                    "to verify it elsewhere")
             from shardsched.verify.worker import verify_elsewhere
             return verify_elsewhere(subject.recipe, plan)
-        model, inputs = model_for(subject, plan)
-        try:
-            return verify_plan(model, inputs, plan)
-        except Exception as e:  # noqa: BLE001 - only data-dependent ops go on to a real run
-            if not data_dependent(e):
-                raise
-        if _on_meta(model):
-            params = sum(p.numel() for p in model.parameters())
-            if 16 * params > _host_bytes() // 4:
-                raise Unverifiable(f"its code reads tensor values (data-dependent ops) and its {params:,} "
-                                   f"parameters are too large to run for real on this machine")
-            model, inputs = subject.build(micro_batch=plan.micro_batch, seq=plan.seq or None, real=True)
-        return verify_plan(copy.deepcopy(model), inputs, plan, tensors="real")
+        return _cached(subject, plan, lambda: _verify_here(subject, plan))
     return verify
+
+
+def _cached(subject: Subject, plan: Plan, run: Callable[[], Verified]) -> Verified:
+    """`run()` through the profile cache, keyed by the model and the plan ([Note: the profile
+    cache] in profile/cache.py: a second plan of a model makes no fake tensors); subjects with
+    no model (analytic) are verified each time."""
+    import dataclasses
+    import json
+
+    from shardsched._json import from_dict, to_dict
+    from shardsched.profile import cache
+    if subject.model is None:
+        return run()
+    timeless = dataclasses.replace(plan, verified=None, solver=dataclasses.replace(plan.solver, seconds=0.0))
+    key = cache.model_key(subject.model, subject.inputs, timeless.to_json())  # the solver's wall time varies
+    return cache.cached("verified", key, run, to_text=lambda v: json.dumps(to_dict(v)),
+                        from_text=lambda t: from_dict(Verified, json.loads(t)))
+
+
+def _verify_here(subject: Subject, plan: Plan) -> Verified:
+    """One fake (or, for data-dependent models, real) run of `plan` in this process."""
+    from shardsched.verify.engine import verify_plan
+    model, inputs = model_for(subject, plan)
+    try:
+        return verify_plan(model, inputs, plan)
+    except Exception as e:  # noqa: BLE001 - only data-dependent ops go on to a real run
+        if not data_dependent(e):
+            raise
+    if _on_meta(model):
+        params = sum(p.numel() for p in model.parameters())
+        if 16 * params > _host_bytes() // 4:
+            raise Unverifiable(f"its code reads tensor values (data-dependent ops) and its {params:,} "
+                               f"parameters are too large to run for real on this machine")
+        model, inputs = subject.build(micro_batch=plan.micro_batch, seq=plan.seq or None, real=True)
+    return verify_plan(copy.deepcopy(model), inputs, plan, tensors="real")
 
 
 class Unverifiable(Exception):

@@ -69,3 +69,16 @@ def test_bf16_mixed_sac_trains_on_this_torch(tmp_path):
                        capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "not found in storage" not in r.stdout + r.stderr
+
+
+def test_saved_ops_cover_torchs_compute_intensive_list_without_importing_it():
+    """SAVED names torch's list itself (its module pulls in dynamo and inductor, 2.7 s of
+    every `plan`): it must still cover it, and importing the policy must not load it."""
+    import subprocess
+    import sys
+
+    from shardsched.runtime.sac import NOT_SAVED, SAVED, torch_compute_intensive
+    assert torch_compute_intensive() and torch_compute_intensive() - NOT_SAVED <= SAVED and not NOT_SAVED & SAVED
+    code = "import sys, shardsched.profile.trace; print('torch._functorch.partitioners' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.stdout.strip() == "False", r.stderr

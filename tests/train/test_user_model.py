@@ -113,3 +113,49 @@ def test_shape_flags_for_a_user_model_are_refused_not_ignored(flags, fragment, t
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and fragment in err and "would change nothing" in err, err
     assert not (tmp_path / "r").exists()  # refused before anything is written
+
+
+def _train(run, model: str, *extra: str) -> dict:
+    import json
+    rc = main(["train", "--model", spec(model), "--nproc", "2", "--steps", "2", "--run-dir", str(run), *extra])
+    assert rc == 0
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_graph_inputs_are_stated_as_built_and_the_table_shows_checkpointing(tmp_path, capfd):
+    """A graph's inputs share no batch dimension: no "micro-batch 50" (its node count), no
+    --batch/--seq defaults in summary.json; the units table says +ckpt as the plan does."""
+    run = tmp_path / "run"
+    summary = _train(run, "gnn", "--strategy", "full_shard+ckpt")
+    out = capfd.readouterr().out  # rich writes to the file descriptor
+    words = "inputs as built (50x8 float32, 2x120 int64, 50 int64)"
+    assert (summary["batch"], summary["seq"], summary["micro_batch"], summary["inputs"]) == (None, None, None, words)
+    assert summary["input_shapes"] == [{"shape": [50, 8], "dtype": "float32"}, {"shape": [2, 120], "dtype": "int64"},
+                                       {"shape": [50], "dtype": "int64"}]
+    first = (run / "train.log").read_text().splitlines()[0]
+    assert words in first and "micro-batch" not in first, first
+    assert {u["checkpoint"] for u in summary["units"]} == {"+ckpt"}
+    table = out[out.index("units"):]
+    assert "full_shard+ckpt" in table and " full_shard " not in table, table
+
+
+def test_batched_user_inputs_state_their_micro_batch(tmp_path):
+    summary = _train(tmp_path / "run", "mlp_batches")
+    assert (summary["batch"], summary["seq"], summary["micro_batch"], summary["inputs"]) == (None, None, 4, None)
+    assert summary["input_shapes"] == [{"shape": [4, 8], "dtype": "float32"}, {"shape": [4], "dtype": "float32"}]
+
+
+@pytest.mark.parametrize("model, strategy, words", [
+    ("convnext", "replicate", "note: DDP warns that a gradient's memory layout differs from its reduction bucket's"),
+    ("convnext", "full_shard", "note: FSDP2 warns that the unit of Conv2d, ConvNeXtBlock, Linear returns a view"),
+    ("lstm", "full_shard", "note: FSDP2 warns that the unit of Embedding, LSTM, Linear returns a view"),
+])
+def test_library_warnings_are_said_once_in_our_words(model, strategy, words, tmp_path, capfd):
+    """PyTorch warned from every worker (2-8 lines a run); now rank 0 says once what it means."""
+    summary = _train(tmp_path / "run", model, "--strategy", strategy, "--steps", "3", "--quiet")
+    err = capfd.readouterr().err
+    assert [ln for ln in err.splitlines() if "warn" in ln.lower()] == [ln for ln in err.splitlines()
+                                                                         if ln.startswith(words)], err
+    assert len([ln for ln in err.splitlines() if ln.startswith(words)]) == 1, err
+    assert "UserWarning" not in err and "bucket view strides" not in err and "view tensor" not in err
+    assert [n for n in summary["notes"] if n.startswith(words.removeprefix("note: "))] != []

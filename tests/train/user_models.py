@@ -120,10 +120,10 @@ class ConvBlock(nn.Module):
 
 
 class BatchNormCNN(nn.Module):
-    def __init__(self, width: int = 8, classes: int = 5):
+    def __init__(self, width: int = 8, classes: int = 5, stem: nn.Module | None = None, block=ConvBlock):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU())
-        self.blocks = nn.ModuleList([ConvBlock(width), ConvBlock(width)])
+        self.stem = stem or nn.Sequential(nn.Conv2d(3, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU())
+        self.blocks = nn.ModuleList([block(width), block(width)])
         self.head = nn.Linear(width, classes)
 
     def forward(self, x, y):
@@ -144,3 +144,93 @@ def _image_batch(step: int, rank: int, world: int) -> tuple:
 
 def bn_cnn():
     return BatchNormCNN(), _image_batch(0, 0, 1), _image_batch
+
+
+# ---------------------------------------------------------------- a graph: no batch dimension
+
+NODES, EDGES, FEATURES = 50, 120, 8
+
+
+class GraphConv(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.lin = nn.Linear(width, width)
+
+    def forward(self, h, edges):
+        agg = torch.zeros_like(h).index_add(0, edges[1], h[edges[0]])
+        return torch.relu(self.lin(h + agg))
+
+
+class GNN(nn.Module):
+    """Node classification on one graph: x (nodes, features), edges (2, edges), y (nodes,)."""
+
+    def __init__(self, classes: int = 3):
+        super().__init__()
+        self.convs = nn.ModuleList([GraphConv(FEATURES), GraphConv(FEATURES)])
+        self.head = nn.Linear(FEATURES, classes)
+
+    def forward(self, x, edges, y):
+        for conv in self.convs:
+            x = conv(x, edges)
+        return F.cross_entropy(self.head(x), y)
+
+
+def gnn():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(NODES, FEATURES, generator=g)
+    edges = torch.randint(0, NODES, (2, EDGES), generator=g)
+    return GNN(), (x, edges, x[:, :3].argmax(1))
+
+
+# ---------------------------------------------------------------- models the libraries warn about
+
+class ConvNeXtBlock(nn.Module):
+    """ConvNeXt's block as transformers writes it: depthwise conv, LayerNorm and an MLP over
+    channels-last, the residual added there and permuted back. Its output is a view (FSDP2
+    warns), and the next block's conv sees channels-last activations, so its depthwise weight's
+    gradient has another stride on its size-1 dimension than DDP's bucket (DDP warns)."""
+
+    def __init__(self, width: int):
+        super().__init__()
+        self.dw = nn.Conv2d(width, width, 7, padding=3, groups=width)
+        self.norm, self.fc1, self.fc2 = nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        h = self.dw(x).permute(0, 2, 3, 1)
+        return (x.permute(0, 2, 3, 1) + self.fc2(F.gelu(self.fc1(self.norm(h))))).permute(0, 3, 1, 2)
+
+
+class ConvNeXt(BatchNormCNN):
+    """Two ConvNeXt blocks after a patchify stem."""
+
+    def __init__(self, width: int = 8):
+        super().__init__(width, stem=nn.Conv2d(3, width, 2, stride=2), block=ConvNeXtBlock)
+
+
+def _channels_last_batch(step: int, rank: int, world: int) -> tuple:
+    """Images in channels-last memory, as vision code feeds convolutions on GPUs."""
+    x, y = _image_batch(step, rank, world)
+    return x.contiguous(memory_format=torch.channels_last), y
+
+
+def convnext():
+    return ConvNeXt(), _channels_last_batch(0, 0, 1), _channels_last_batch
+
+
+class LSTMModel(nn.Module):
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.embed = nn.Embedding(32, width)
+        self.lstm = nn.LSTM(width, width, num_layers=2, batch_first=True)
+        self.head = nn.Linear(width, 32)
+
+    def forward(self, idx, targets):
+        out, _ = self.lstm(self.embed(idx))
+        return F.cross_entropy(self.head(out).flatten(0, 1), targets.flatten())
+
+
+def lstm():
+    g = torch.Generator().manual_seed(3)
+    idx = torch.randint(0, 32, (4, 12), generator=g)
+    return LSTMModel(), (idx, idx.roll(1, 1))
+

@@ -1,0 +1,82 @@
+"""A second `plan` of the same python: model reuses its traced profile and verification
+(`profile.cache`, [Note: the profile cache]): the same plan, no fake tensors made."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from shardsched.profile.cache import model_key
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = f"python:{ROOT / 'tests' / 'train' / 'user_models.py'}:gnn"
+
+
+def _plan(cache: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SHARDSCHED_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, *flags, "-m", "shardsched", "plan", "--model", MODEL, "--world", "2",
+                        "--out", str(out)], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def _timeless(path: Path) -> dict:
+    plan = json.loads(path.read_text())
+    plan["solver"]["seconds"] = 0.0  # the solver's wall time, the one field a run changes
+    return plan
+
+
+def _entries(cache: Path) -> dict[str, int]:
+    return {str(p.relative_to(cache)): p.stat().st_mtime_ns for p in cache.rglob("*.json")}
+
+
+def test_second_plan_reuses_the_trace_and_verification(tmp_path):
+    cache = tmp_path / "cache"
+    first = _plan(cache, tmp_path / "a.json")
+    entries = _entries(cache)
+    assert sorted({k.split("/")[0] for k in entries}) == ["traced", "verified"]
+    second = _plan(cache, tmp_path / "b.json", "-X", "importtime")
+    # with both entries read, no FakeTensorMode is made: torch._dynamo (which it imports) never loads
+    assert "torch._dynamo" not in second.stderr and "torch._dynamo" in _plan(
+        tmp_path / "fresh", tmp_path / "c.json", "-X", "importtime").stderr
+    assert _entries(cache) == entries  # read, not written again
+    assert second.stdout == first.stdout
+    assert _timeless(tmp_path / "b.json") == _timeless(tmp_path / "a.json")
+
+
+def test_the_cached_profile_is_what_plans_read_and_a_corrupt_one_is_ignored(tmp_path):
+    cache = tmp_path / "cache"
+    first = _plan(cache, tmp_path / "a.json")
+    (traced,) = (cache / "traced").iterdir()
+    profile = json.loads(traced.read_text())
+    traced.write_text(json.dumps({**profile, "model": "read-from-the-cache"}))
+    assert "plan for read-from-the-cache" in _plan(cache, tmp_path / "b.json").stdout
+    traced.write_text("{not json")
+    assert _plan(cache, tmp_path / "c.json").stdout == first.stdout
+    assert json.loads(traced.read_text()) == profile  # written again
+
+
+def test_cache_off_writes_nothing(tmp_path):
+    _plan(Path("off"), tmp_path / "a.json")
+    assert not Path("off").exists() and [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def test_the_key_sees_an_edited_forward_and_other_input_shapes():
+    class A(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.fc(x).sum()
+
+    class B(A):  # the same parameters, another forward
+        def forward(self, x):
+            return self.fc(x).relu().sum()
+    x = torch.randn(2, 4)
+    assert model_key(A(), (x,)) == model_key(A(), (torch.randn(2, 4),))  # values are not seen
+    assert model_key(A(), (x,)) != model_key(B(), (x,))
+    assert model_key(A(), (x,)) != model_key(A(), (torch.randn(3, 4),))
