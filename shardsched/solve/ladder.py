@@ -56,9 +56,13 @@ def rungs(floor: int, top: int) -> list[int]:
 
 
 def rung_effort(effort: Effort) -> Effort:
-    """A rung's search: starts, contenders and the lead's polish at a quarter of the local work, no
-    MILP and no LP bounds (the ladder's bound is `milp.lower_bound` at the budget)."""
-    return effort._replace(milp_units=0, lead_units=0, narrow_units=0, bound_units=0, contenders=1,
+    """A rung's search: starts (`Effort.least_starts` off: a grouping seeded from below skips the
+    least-memory starts), the lead's polish at an eighth of the local work, MILPs on groupings of up
+    to `light_units` units only (small and exact: without them seed 27's r11, 4 units, ended 9.6%
+    behind its 10x search, 0.4% with them, in less time), no contenders and no LP bounds (the
+    ladder's bound is `milp.lower_bound` at the budget)."""
+    small = effort.light_units
+    return effort._replace(milp_units=small, lead_units=small, narrow_units=0, bound_units=0, contenders=1,
                            least_starts=False, local_work=effort.local_work // 8)
 
 
