@@ -17,7 +17,7 @@ b fit b': the answer at b' is never slower, with no tolerance and whether or not
 Rejected: answering b from the rungs below plus a search at b seeded from them. Two budgets between
 the same rungs then get two searches from the same seeds, and the larger can end slower.
 
-Cost: a rung searches every grouping's starts and polishes the lead, with no MILP (`rung_effort`;
+Cost: a rung searches every grouping's starts and polishes the lead, MILPs on small groupings only (`rung_effort`;
 per-grouping constants built once, `candidates.once`), so a run costs about (rungs below b) x
 (starts + an eighth of a polish), plus the named pass at b; an answer between rungs leaves up to
 RATIO - 1 of the budget unsearched (docs/design.md has the figures on the deep configurations of
