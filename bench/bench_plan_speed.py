@@ -1,9 +1,12 @@
 """Planning time and quality of `--strategy auto` (2-core machine target: < 10 s per big case).
 
-Per case: seconds (wall, and the process's CPU seconds: the machine is shared, and the
-search is one thread, HiGHS included, so CPU seconds are what an idle machine would take), status, the gap to the bound over the whole search space, and the
-ratio of the plan's step time to the plan of a 10x longer search (10x the work limit:
-`solve.search.TENFOLD`, 10x the nodes and MILPs on 10x larger groupings).
+Per case, for the plan `shardsched plan` makes by default (the budget ladder, `solve.ladder`;
+`--one-search`: one search at the budget, as `plan --one-search`): seconds (wall, and the
+process's CPU seconds: the machine is shared, and the search is one thread, HiGHS included, so
+CPU seconds are what an idle machine would take), status, the gap to the bound over the whole
+search space, and the ratio of the plan's step time to the plan of a 10x longer search at the
+budget (one search, 10x the work limit: `solve.search.TENFOLD`, 10x the nodes and MILPs on 10x
+larger groupings).
 
     python bench/bench_plan_speed.py                 # every case, with the 10x runs (minutes)
     python bench/bench_plan_speed.py --no-10x        # the planning times only
@@ -31,6 +34,7 @@ from shardsched.plan.spec import parse_strategy_spec
 from shardsched.profile.analytic import analytic_profile
 from shardsched.solve.auto import auto_plan, least_memory_peak
 from shardsched.solve.baselines import uniform_baselines
+from shardsched.solve.ladder import ladder_plan
 from shardsched.solve.search import TENFOLD, Effort
 
 GiB = 1 << 30
@@ -75,10 +79,12 @@ def _cluster(case: Case) -> Cluster:
     return Cluster(world=case.world, gpus_per_node=case.gpus_per_node, device=DEVICES[case.device])
 
 
-def plan(case: Case, effort: Effort):
+def plan(case: Case, effort: Effort, *, ladder: bool = False):
+    """`ladder`: as `plan` plans by default (the budget ladder, `solve.ladder`); else one search at the budget."""
     prof, cl = _profile(case), _cluster(case)
     t0, c0 = time.perf_counter(), time.process_time()
-    p = auto_plan(prof, cl, spec=parse_strategy_spec("auto"), memory_budget_bytes=case.budget, effort=effort, **KW)
+    how = ladder_plan if ladder else auto_plan
+    p = how(prof, cl, spec=parse_strategy_spec("auto"), memory_budget_bytes=case.budget, effort=effort, **KW)
     return p, time.perf_counter() - t0, time.process_time() - c0
 
 
@@ -113,12 +119,12 @@ def describe(case: Case) -> str:
             f"{case.device} {case.budget / GiB:.2f}G")
 
 
-def run(cases: list[Case], *, tenx: bool) -> list[float]:
+def run(cases: list[Case], *, tenx: bool, ladder: bool = True) -> list[float]:
     print(f"{'case':>44} {'units':>5} {'plan s':>7} {'cpu s':>6} {'solver':>6} {'step s':>9} {'gap':>8} "
           f"{'10x s':>7} {'10x gap':>8} {'ratio':>7}  status")
     ratios = []
     for case in cases:
-        p, dt, cpu = plan(case, Effort())
+        p, dt, cpu = plan(case, Effort(), ladder=ladder)
         s = p.solver
         slow = "  SLOW" if cpu > case.limit else ""
         row = (f"{case.name + ' ' + describe(case):>44} {len(p.units):>5} {dt:7.2f} {cpu:6.2f} {s.name:>6} "
@@ -126,7 +132,7 @@ def run(cases: list[Case], *, tenx: bool) -> list[float]:
         if not tenx:
             print(f"{row} {'':>7} {'':>8} {'':>7}  {s.status}{slow}", flush=True)
             continue
-        long, dt10, _ = plan(case, TENFOLD)  # its units: long.units
+        long, dt10, _ = plan(case, TENFOLD)  # one search at the budget, either way: its units: long.units
         ratio = p.predicted.step_seconds / long.predicted.step_seconds
         ratios.append(ratio)
         print(f"{row} {dt10:7.1f} {long.solver.gap:8.3%} {ratio:7.4f}  {s.status}{slow}", flush=True)
@@ -142,6 +148,8 @@ def main() -> None:
     ap.add_argument("--deep", action="store_true", help="--random draws 48-96 layers on 256-1024 workers")
     ap.add_argument("--tenx-first", type=int, default=None, metavar="K",
                     help="the 10x search on the first K cases only (it takes minutes each)")
+    ap.add_argument("--one-search", action="store_true",
+                    help="time one search at the budget (`plan --one-search`) instead of the budget ladder")
     args = ap.parse_args()
     if args.random:
         rng, cases = random.Random(args.seed), []
@@ -152,7 +160,9 @@ def main() -> None:
     else:
         cases = [c for c in CASES if args.only in (None, c.name)]
     k = len(cases) if args.tenx_first is None else args.tenx_first
-    ratios = run(cases[:k], tenx=not args.no_10x) + (run(cases[k:], tenx=False) if k < len(cases) else [])
+    ladder = not args.one_search
+    ratios = run(cases[:k], tenx=not args.no_10x, ladder=ladder) + (run(cases[k:], tenx=False, ladder=ladder)
+                                                                    if k < len(cases) else [])
     if ratios:
         print(f"worst ratio {max(ratios):.4f} over {len(ratios)} cases; within 1%: "
               f"{sum(r <= 1.01 for r in ratios)}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections import OrderedDict
 from typing import NamedTuple
 
 from shardsched.cost.comm import Collective, block_size_bytes, collective_seconds
@@ -264,3 +265,25 @@ def finest_problem(profile: Profile, cluster: Cluster, *, pins: dict[str, Strate
     apins = [pins.get(owner) for _, owner in alist]
     return problem_for([[i] for i in range(len(alist))], alist, apins, profile=profile,
                        cluster=cluster, precision=precision, optimizer=optimizer)
+
+
+_ONCE: OrderedDict = OrderedDict()
+ONCE_SIZE = 256
+"""How many (Problem, function) results `once` keeps: the most recent."""
+
+
+def once(p: Problem, fn):
+    """`fn(p)` computed once per Problem object (issue 27: the budget ladder searches the same
+    groupings at many budgets, and rebuilding `milp.costs_of` for every `Evaluator` and bound took
+    a third of it). Keyed by identity, with a reference held so an id is never reused while kept: a
+    Problem is immutable and `fn` reads nothing else, so a hit is exactly what a new call returns."""
+    k = (id(p), fn)
+    hit = _ONCE.get(k)
+    if hit is not None and hit[0] is p:
+        _ONCE.move_to_end(k)
+        return hit[1]
+    out = fn(p)
+    _ONCE[k] = (p, out)
+    if len(_ONCE) > ONCE_SIZE:
+        _ONCE.popitem(last=False)
+    return out

@@ -25,7 +25,7 @@ import numpy as np
 
 from shardsched.core.types import Checkpoint, GradSync, Strategy
 from shardsched.cost.memory import state_bytes
-from shardsched.solve.candidates import Choice, Problem
+from shardsched.solve.candidates import Choice, Problem, once
 from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad
 from shardsched.sim.scenario import code_held_terms
 from shardsched.solve.milp import FS, FSN, HS, HSGO, REP, SGO, costs_of
@@ -54,7 +54,7 @@ class Evaluator:
     loops over those units."""
 
     def __init__(self, p: Problem):
-        self.p, self.c = p, costs_of(p)
+        self.p, self.c = p, once(p, costs_of)
         self.replay = Replay(p)
         # earlier outputs the calling code holds beside each unit's forward (`sim.scenario.code_held_terms`)
         self.code = [code_held_terms(p.costs, i) for i in range(p.n)]

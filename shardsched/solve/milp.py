@@ -67,7 +67,7 @@ from shardsched.cost.strategy import gather_seconds, held_after_forward, reduce_
 from shardsched.sim.scenario import code_held_terms
 from shardsched.sim.memory import (extra_gather, forward_gathers, holds_root_grad, in_place_held, in_place_reduce_bytes,
                                    own_grad_bytes, root_grad_bytes)
-from shardsched.solve.candidates import Choice, Problem
+from shardsched.solve.candidates import Choice, Problem, once
 from shardsched.plan.schedule import optimizer_seconds_per_param
 from shardsched.core.types import Checkpoint, GradSync, Strategy
 
@@ -907,7 +907,7 @@ def lower_bound(p: Problem, budget: float = math.inf) -> float:
     checkpointing or launches: the compute stream with the least recomputation that lets
     the activations fit (`_least_recompute`), or the serial channel alone (both rows of
     the MILP, `_times`), then the optimizer step at its cheapest. Seconds, O(n log n)."""
-    c = costs_of(p)
+    c = once(p, costs_of)
     comm = sum(min(c.agf[i][k] + c.agb[i][k] + c.red[i][k] for k in p.allowed[i]) for i in range(p.n))
     opt = sum(min(c.shard[i][k] for k in p.allowed[i]) for i in range(p.n)) * c.opt_per_param
     compute = sum(c.fwd) + sum(c.bwd) + _least_recompute(p, c, budget)

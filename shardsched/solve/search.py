@@ -46,7 +46,7 @@ from typing import NamedTuple
 
 from shardsched.solve import milp
 from shardsched.solve.baselines import Scored, score
-from shardsched.solve.candidates import Choice, Problem, _allowed
+from shardsched.solve.candidates import Choice, Problem, _allowed, once
 from shardsched.solve.greedy import Evaluator, greedy, hoist_uniform, least_memory, recompute_less, upgrade
 from shardsched.solve.local import polish, within
 from shardsched.sim.scenario import default_launch
@@ -169,6 +169,11 @@ class Effort(NamedTuple):
     `CONTEND_UNITS` units (it was `FULL_WINDOW_UNITS`: a half polish is about 1 CPU s whatever
     the units, and seed 1's r2 needed a 55-unit contender, [Note: contenders for the lead])."""
 
+    least_starts: bool = True
+    """Whether a grouping with a fitting seed still gets the starts from its least-memory schedule
+    (`_start`). The budget ladder's rungs (`solve.ladder.rung_effort`) skip them: the rung below
+    passed up its schedule of that grouping, grown from the same starts."""
+
     def lead_effort(self, p: Problem) -> Effort:
         halve = p.n > self.halve_units * self.scale and self.narrow(p) > 0
         return self._replace(local_work=self.local_work // 2) if halve else self
@@ -248,20 +253,25 @@ def with_baseline_groupings(problems: list[Problem], base: list[Scored], pins: d
     return out
 
 
-def _start(p: Problem, *, budget: int, extra: list[Scored], greedy_ok: bool) -> Scored | None:
-    """The fastest fitting schedule known for this grouping before its MILP."""
+def _start(p: Problem, *, budget: int, extra: list[Scored], greedy_ok: bool, least_ok: bool = True) -> Scored | None:
+    """The fastest fitting schedule known for this grouping before its MILP (`least_ok`: with the
+    starts from the least-memory schedule, `Effort.least_starts`)."""
     pool = [s for s in extra if s.peak <= budget]
     if greedy_ok:
         ch = greedy(p, budget=budget, ahead=ahead_for(p.n))
         if ch is not None:
             pool.append(score("greedy", p, ch))
-        least = score("greedy", p, prefetched_least(p))
-        if least.peak <= budget:
+        least = once(p, _least_scored)
+        if least_ok and least.peak <= budget:
             pool.append(_polished(p, least, budget=budget))
             pool.append(score("greedy", p, hoisted_least(p, budget=budget)))
     pool = [s for s in pool if s.peak <= budget]
     best = min(pool, key=lambda s: (s.seconds, s.peak), default=None)
     return _polished(p, best, budget=budget) if best is not None and any(best.choice.ckpt) else best
+
+
+def _least_scored(p: Problem) -> Scored:
+    return score("greedy", p, prefetched_least(p))  # budget-independent: `once` per grouping
 
 
 def prefetched_least(p: Problem) -> Choice:
@@ -462,7 +472,9 @@ def search(problems: list[Problem], *, budget: int, base: list[Scored], seeds: t
     starts = {}
     for p in sorted(problems, key=_partitioned):  # unpartitioned first: they decide "something fits"
         skip = _partitioned(p) and p.n > 2 * FULL_WINDOW_UNITS and any(starts.values())
-        starts[key(p)] = _start(p, budget=budget, extra=extra.get(key(p), []), greedy_ok=not skip)
+        seeded = any(s.peak <= budget and key(s.problem) == key(p) for s in seeds)
+        starts[key(p)] = _start(p, budget=budget, extra=extra.get(key(p), []), greedy_ok=not skip,
+                                least_ok=effort.least_starts or not seeded)
     order, polished = _contend(problems, starts, budget=budget, effort=effort)
     outcomes, incumbent = {}, min((s.seconds for s in starts.values() if s), default=math.inf)
     for i in order:
