@@ -67,12 +67,12 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a("--max-batch", action="store_true",
       help="print the largest micro-batch that fits --memory-budget (default: device memory) under each uniform "
            "strategy and under auto, then exit")
-    a("--one-search", action="store_true",
-      help="auto: one search at the budget instead of the budget ladder (the default: searches at fixed budgets "
-           "x1.15 apart from the least-memory figure, answered from those at or below the budget, so a larger "
-           "budget never gets a slower plan across separate runs); it uses the whole budget but a larger budget may "
-           "then get a slower plan; --time-limit applies to it only")
-    a("--monotone", action="store_true", help="accepted for older scripts: the budget ladder is the default")
+    a("--monotone", action="store_true",
+      help="auto: answer from the budget ladder (searches at fixed budgets x1.15 apart from the least-memory "
+           "figure, answered from those at or below the budget), so a larger budget never gets a slower plan "
+           "across separate runs; its searches are lighter, so its plan can be slower than the default's one "
+           "search at the budget")
+    a("--one-search", action="store_true", help="auto: one search at the budget (the default; accepted for scripts)")
     a("--no-verify", action="store_true",
       help="skip running the plan once under FSDP2 on fake tensors before it is returned (the plan then says it "
            "is unverified, and auto plans are fitted to the prediction alone)")
@@ -164,7 +164,7 @@ def run_plan(args: argparse.Namespace) -> int:
         planned = budget.usable if given is not None or auto else None
 
         def replan(b: int | None) -> Plan:
-            if auto and not getattr(args, "one_search", False):  # [Note: the budget ladder] in solve/ladder.py
+            if auto and getattr(args, "monotone", False):  # [Note: the budget ladder] in solve/ladder.py
                 from shardsched.core.types import Optimizer
                 from shardsched.solve.ladder import ladder_plan
                 return stated(ladder_plan(profile, cluster, spec=parse_strategy_spec(strategy), precision=precision,

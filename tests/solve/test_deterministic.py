@@ -1,5 +1,7 @@
 """The same plan in two processes, one of them beside CPU-burning processes: byte-identical
-JSON apart from `solver.seconds` (no wall-clock limit decides anything, `solve.search`)."""
+JSON apart from `solver.seconds` (no wall-clock limit decides anything, `solve.search`). The
+search alone (`--no-verify`): verification runs on fake tensors, with no limit to reach, and
+replans through the same search (tests/verify/test_loop.py)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +10,7 @@ import subprocess
 import sys
 
 ARGS = ["plan", "--model", "gpt:layers=4,hidden=2048,heads=16,vocab=32000,seq=512", "--world", "64",
-        "--gpus-per-node", "8", "--device", "a100", "--memory-budget", "2GiB"]
+        "--gpus-per-node", "8", "--device", "a100", "--memory-budget", "2GiB", "--no-verify"]
 BURN = "while True: pass"
 
 
