@@ -72,7 +72,6 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
            "figure, answered from those at or below the budget), so a larger budget never gets a slower plan "
            "across separate runs; its searches are lighter, so its plan can be slower than the default's one "
            "search at the budget")
-    a("--one-search", action="store_true", help="auto: one search at the budget (the default; accepted for scripts)")
     a("--no-verify", action="store_true",
       help="skip running the plan once under FSDP2 on fake tensors before it is returned (the plan then says it "
            "is unverified, and auto plans are fitted to the prediction alone)")

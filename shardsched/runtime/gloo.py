@@ -22,13 +22,11 @@ without the window (0 of 2000) and are left alone.
 from __future__ import annotations
 
 import time
-from typing import Sequence
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
 
 SPINS = 100_000
 """Most yields `SettledWork.wait` spends waiting for gloo's thread (a work bound, not a clock:
@@ -61,11 +59,8 @@ class SettledWork(dist.Work):
         return self._work is None or self._work.is_completed()
 
 
-class SettledAllGather(AllGather):
-    """FSDP2's default AllGather (`dist.all_gather_single` into a `torch.empty` buffer), settled."""
-
-    def allocate(self, size: Sequence[int], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
+class SettledAllGather(DefaultAllGather):
+    """FSDP2's default AllGather (its buffer allocation, `dist.all_gather_single`), settled."""
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  async_op: bool = False) -> dist.Work | None:

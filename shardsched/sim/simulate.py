@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from shardsched.cost.memory import model_states_bytes
+from shardsched.cost.memory import shard_numel, shards
 from shardsched.core.types import GradSync, Predicted
 from shardsched.sim.memory import StepMemory, step_memory
 from shardsched.sim.scenario import Scenario
@@ -51,10 +51,8 @@ def accumulated_seconds(sc: Scenario, tl: Timeline) -> tuple[float, float, float
 
 
 def _unit_states(u, strategy, sc: Scenario) -> int:
-    """ZeRO's model states of one unit per worker; its frozen part has parameters only
-    ([Note: frozen parameters] in sim/memory.py)."""
-    at_rest = model_states_bytes(u.params, strategy, sc.cluster.world, sc.state, u.dims, local=sc.cluster.local)
-    if not u.frozen_params:
-        return at_rest
-    per_param = at_rest // sc.state.at_rest
-    return per_param * sc.state.param + u.trainable(per_param) * (sc.state.grad + sc.state.optimizer)
+    """ZeRO's model states of one unit per worker (`cost.memory.model_states_bytes`); its frozen
+    part has parameters only ([Note: frozen parameters] in sim/memory.py)."""
+    sb = sc.state
+    n = shard_numel(u.params, u.dims, shards(strategy, sc.cluster.world, local=sc.cluster.local))
+    return n * sb.param + u.trainable(n) * (sb.grad + sb.optimizer)
