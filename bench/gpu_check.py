@@ -187,7 +187,7 @@ class Calibrated(NamedTuple):
 
 
 def calibrate(*, mesh, device: torch.device, dtype: torch.dtype, repeats: int) -> Calibrated:
-    """`shardsched profile`'s worker (`profile.command._calibrate_worker`) at world 1: no
+    """`shardsched profile`'s worker (`commands.profile._calibrate_worker`) at world 1: no
     collective samples, so the links stay the preset's. Compute is timed in the dtype the
     steps compute in (the presets' peak is bf16's on GPUs)."""
     from shardsched.core.types import Optimizer, Precision

@@ -24,19 +24,19 @@ class _Parser(argparse.ArgumentParser):
 # subcommand's module is imported only when it runs, so `shardsched plan` does
 # not pay for the trainer's imports.
 COMMANDS = {
-    "plan": ("shardsched.plan.command", "add_plan_arguments", "run_plan",
+    "plan": ("shardsched.commands.plan", "add_plan_arguments", "run_plan",
              "plan strategies, units and prefetch for a model and cluster"),
-    "train": ("shardsched.train.main", "add_train_arguments", "run_train",
+    "train": ("shardsched.commands.train", "add_train_arguments", "run_train",
               "train with a plan on real workers (default: 2 CPU workers, small GPT)"),
-    "tradeoff": ("shardsched.tradeoff.command", "add_tradeoff_arguments", "run_tradeoff",
+    "tradeoff": ("shardsched.commands.tradeoff", "add_tradeoff_arguments", "run_tradeoff",
                  "step time against memory budget: the auto plan and every uniform configuration (CSV, PNG)"),
-    "bench": ("shardsched.train.bench", "add_bench_arguments", "run_bench",
+    "bench": ("shardsched.commands.bench", "add_bench_arguments", "run_bench",
               "train under each uniform strategy and a plan; compare time and memory"),
-    "profile": ("shardsched.profile.command", "add_profile_arguments", "run_profile",
+    "profile": ("shardsched.commands.profile", "add_profile_arguments", "run_profile",
                 "calibrate this machine (links, compute efficiency, FSDP2 overhead) into a --cluster file"),
-    "report": ("shardsched.report.run", "add_report_arguments", "run_report",
+    "report": ("shardsched.commands.report", "add_report_arguments", "run_report",
                "a PNG of a training run: loss, step time, tokens/s, measured vs predicted memory"),
-    "gossip": ("shardsched.gossip.command", "add_gossip_arguments", "run_gossip",
+    "gossip": ("shardsched.commands.gossip", "add_gossip_arguments", "run_gossip",
                "decentralised data parallelism: simulate N workers, compare algorithms on real workers"),
 }
 

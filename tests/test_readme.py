@@ -120,7 +120,7 @@ def test_every_readme_command_runs_as_written(tmp_path, group):
 def test_make_train_says_what_its_time_depends_on():
     """Issue 29: "~1 min" took 3:23 on a busy machine. The README states the step count the
     default run has and what its time depends on, not a bare duration."""
-    from shardsched.train.main import DEFAULT_STEPS
+    from shardsched.train.args import DEFAULT_STEPS
     readme = (ROOT / "README.md").read_text()
     line = next(ln for ln in readme.splitlines() if ln.startswith("make train"))
     assert f"{DEFAULT_STEPS} steps" in line and "~1 min" not in line

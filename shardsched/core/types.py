@@ -80,7 +80,7 @@ class Checkpoint(enum.Enum):
     SELECTIVE = "selective-op"
     """Op-level (PyTorch's `create_selective_checkpoint_contexts`) with torchtitan's op
     policy (`+sac`): the outputs of attention, convolutions and every other matmul are saved,
-    the rest recomputed (`runtime.sac`)."""
+    the rest recomputed (`core.sac_policy`)."""
     SELECTIVE_ALL = "selective"
     """Op-level with every matmul's output saved (`+sac-all`; what `+sac` meant before issue
     28, so plans that wrote "selective" read as what they ran)."""

@@ -100,7 +100,8 @@ class _Text:
         self.data = load_text(None, batch=8, seq=self.seq)
 
     def model(self, seed: int) -> torch.nn.Module:
-        from shardsched.train.config import TrainConfig, build_model
+        from shardsched.train.config import TrainConfig
+        from shardsched.train.task import build_model
         return build_model(TrainConfig(model=TEXT_MODEL, seq=self.seq, seed=seed))
 
     def batch(self, *, seed, step, batch, rank, world):

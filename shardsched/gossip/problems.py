@@ -89,7 +89,7 @@ class DiagonalLeastSquares:
     def empty(cls, *, workers: int, dim: int, pieces: int = 4,
               dtype: torch.dtype = torch.float32) -> "DiagonalLeastSquares":
         """make()'s shapes and dtype without its data (torch.empty touches no memory): for the work
-        that needs only the shapes, done while make() runs (gossip/command.py)."""
+        that needs only the shapes, done while make() runs (commands/gossip.py)."""
         return cls(h=torch.empty(dim, dtype=dtype), c=torch.empty(workers, dim, dtype=dtype),
                    pieces=_pieces(dim, pieces))
 

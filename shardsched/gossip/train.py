@@ -64,8 +64,8 @@ def _refuse_sharding(args: argparse.Namespace, world: int) -> None:
                          f"--strategy {args.strategy or 'auto'} / --memory-budget (use --strategy replicate or none)")
     if args.plan:
         from shardsched.train.planning import load_plan
-        from shardsched.train.config import build_model
-        from shardsched.train.main import config_from_args
+        from shardsched.train.task import build_model
+        from shardsched.train.args import config_from_args
         plan = load_plan(args.plan, model=build_model(config_from_args(args)), world=world)
         sharded = [u.name for u in plan.units if u.strategy.value != "replicate"]
         if sharded:
@@ -74,7 +74,7 @@ def _refuse_sharding(args: argparse.Namespace, world: int) -> None:
 
 
 def gossip_config_from_args(args: argparse.Namespace, world: int) -> GossipTrainConfig:
-    from shardsched.train.main import config_from_args
+    from shardsched.train.args import config_from_args
     from shardsched.train.validate import read_saved_config
     saved = read_saved_config(args.resume, model=args.model).get("gossip", {})
     pick = lambda name, default: getattr(args, name) if getattr(args, name) is not None else saved.get(name, default)
@@ -89,9 +89,10 @@ def gossip_config_from_args(args: argparse.Namespace, world: int) -> GossipTrain
 def run_gossip_train(args: argparse.Namespace) -> int:
     """Validate in the parent (one line, exit 2 on bad input), then launch the workers."""
     from shardsched.gossip.segments import segment_bounds
-    from shardsched.train.config import build_model
+    from shardsched.train.task import build_model
     from shardsched.train.launcher import WorkerFailed, launch
-    from shardsched.train.main import validate, world_size
+    from shardsched.train.args import world_size
+    from shardsched.train.validate import validate
     from shardsched.train.resume import DEFAULT_NPROC
     world = world_size(DEFAULT_NPROC if args.nproc is None else args.nproc)
     _refuse_sharding(args, world)
@@ -147,7 +148,7 @@ class _Run:
 
 
 def _setup(cfg: GossipTrainConfig, *, group, rank: int, device: torch.device) -> _Run:
-    from shardsched.train.config import build_model
+    from shardsched.train.task import build_model
     from shardsched.train.data import check_divisible, load_text
     t, g = cfg.train, cfg.gossip
     check_divisible(batch=t.batch, world=dist.get_world_size(group))

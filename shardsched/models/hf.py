@@ -206,15 +206,17 @@ def hf_builder(body: str) -> tuple[Callable[..., tuple["nn.Module", tuple]], boo
     seq None: `default_seq`, whose reason for a capped length is `seq_note`."""
     config = hf_config(body)
     task = task_of(config)
-    seq_note = default_seq(config)[1] if task not in ("vision", "speech") else None
+    text = task not in ("vision", "speech")
+    seq_note = default_seq(config)[1] if text else None
 
     def build(*, micro_batch: int = 2, seq: int | None = None, device: str = "cpu", seed: int = 0):
         from shardsched.models.hf_task import build_task
+        seq = seq or (default_seq(config)[0] if text else None)  # a text model's inputs: `default_seq`
         model, inputs = build_task(config, task, micro_batch=micro_batch, seq=seq, device=device, seed=seed)
         training_defaults(model)
         return model, inputs
 
-    return build, task not in ("vision", "speech"), seq_note
+    return build, text, seq_note
 
 
 # ---------------------------------------------------------------- training defaults
@@ -226,7 +228,7 @@ def hf_builder(body: str) -> tuple[Callable[..., tuple["nn.Module", tuple]], boo
 # gradient checkpointing is on (`use_cache=True` is incompatible with gradient checkpointing);
 # so does shardsched, whatever the plan, so profile and run agree, for every `hf:` model and
 # every `python:` model holding a `PreTrainedModel`, and says so in one line (recorded on the
-# model, `profile.layers.NOTES_ATTR`: profiles copy it into `Profile.extra["notes"]`, plans
+# model, `models.notes.NOTES_ATTR`: profiles copy it into `Profile.extra["notes"]`, plans
 # into `Plan.notes`).
 
 
@@ -243,7 +245,7 @@ def training_defaults(model: "nn.Module") -> tuple[str, ...]:
     changed = sorted({type(m).__name__ for m in caching})
     for m in caching:
         m.config.use_cache = False
-    from shardsched.profile.layers import NOTES_ATTR, model_notes
+    from shardsched.models.notes import NOTES_ATTR, model_notes
     notes = model_notes(model)
     if changed:
         notes += (f"use_cache=False set on {', '.join(changed)} for training (Hugging Face's default KV cache "

@@ -124,9 +124,8 @@ def example_inputs(config, task: str, *, micro_batch: int, seq: int | None, seed
         channels = getattr(config, "num_channels", 3)
         pixels = torch.randn(micro_batch, channels, size, size, generator=gen)
         return pixels, torch.randint(0, config.num_labels, (micro_batch,), generator=gen)
-    from shardsched.models.hf import default_seq
+    # seq: `models.hf.default_seq` unless the caller gave one
     limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or seq or 512
-    seq = seq or default_seq(config)[0]
     if seq > limit:
         raise UsageError(f"seq={seq} exceeds the model's {limit} positions")
     vocab = min(256, config.vocab_size - (1 if task == "masked" else 0))

@@ -10,7 +10,7 @@
 A key is a layer path, a range `prefix.A-B` (prefix.A .. prefix.B), or an
 fnmatch pattern. Later overrides win. A strategy word may end in `+ckpt`
 (those layers are activation-checkpointed whole), `+sac` (selective, op-level
-checkpointing with torchtitan's op policy: `core.types.Checkpoint`, `runtime.sac`) or
+checkpointing with torchtitan's op policy: `core.types.Checkpoint`, `core.sac_policy`) or
 `+sac-all` (selective, every matmul's output kept). Under `auto` the planner chooses
 checkpointing itself (a `+ckpt`/`+sac` override pins the strategy only).
 

@@ -95,7 +95,7 @@ def own_inputs(layer: LayerProfile) -> int:
 
 
 # [Note: selective checkpointing as kept bytes]
-# A selective layer (`Checkpoint.SELECTIVE`, runtime/sac.py) keeps what a checkpointed one
+# A selective layer (`Checkpoint.SELECTIVE`, core/sac_policy.py) keeps what a checkpointed one
 # keeps (its inputs, what outside code saved) plus the outputs of the ops the policy saves
 # (`LayerProfile.selective_saved_bytes`). Its backward recomputes the other ops: the cached
 # outputs are handed back, not allocated again (torch/utils/checkpoint.py,

@@ -314,7 +314,7 @@ def _block_backward_peak(cfg: GPTConfig, tokens: int, d: int, *, grads: int, act
 
 
 def _selective_saved(cfg: GPTConfig, kind: str, *, b: int, s: int, d: int) -> tuple[int, int]:
-    """What selective checkpointing keeps of a block child (`runtime.sac`), (`+sac`, `+sac-all`).
+    """What selective checkpointing keeps of a block child (`core.sac_policy`), (`+sac`, `+sac-all`).
     `+sac-all`: the outputs of its matmuls and of attention. Attention: the qkv output (T, 3h),
     SDPA's output (T, h) and fp32 logsumexp, the out-projection's output (T, h); MLP: its inner
     (T, ffn) outputs (two for SwiGLU's gate and up) and the down-projection's (T, h). Its

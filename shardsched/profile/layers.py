@@ -49,18 +49,10 @@ import torch.nn as nn
 
 from shardsched._flags import LAYERS_ACCEPTED, layers_items
 from shardsched.errors import UsageError
+from shardsched.models.notes import model_notes
 
 CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 ROOT = ""
-NOTES_ATTR = "shardsched_notes"
-"""Attribute of a built model: one-line notes on what shardsched set on it for training
-(`models.hf.training_defaults`); profiles copy them into `Profile.extra["notes"]`."""
-
-
-def model_notes(model: nn.Module) -> tuple[str, ...]:
-    return tuple(getattr(model, NOTES_ATTR, ()))
-
-
 def notes_extra(model: nn.Module) -> dict:
     """{"notes": [...]} for `Profile.extra` when the model carries notes, else {}."""
     notes = model_notes(model)

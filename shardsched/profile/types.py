@@ -101,7 +101,7 @@ class LayerProfile:
     """Bytes of its (largest call's) output: the gradient its backward receives has this size
     (`sim.scenario.UnitCost.inner_moments`); 0 = unknown."""
     selective_saved_bytes: int | None = None
-    """Bytes of the outputs of the ops selective checkpointing (`+sac`, `runtime.sac.Policy`)
+    """Bytes of the outputs of the ops selective checkpointing (`+sac`, `core.sac_policy.Policy`)
     saves (attention, convolutions, every other matmul) in its forward, each storage once: what a selective
     layer keeps next to its inputs (SAC's caching mode stores them whether or not autograd
     would save them). None = unknown (the planner then assumes it keeps all its activations)."""
@@ -119,7 +119,7 @@ class LayerProfile:
     selective_all: tuple[float, ...] = ()
     """(`selective_saved_bytes`, `selective_outside_input_bytes`, `selective_forward_bytes`,
     `selective_recompute_seconds`) under `+sac-all`, the policy that keeps every matmul's
-    output (`runtime.sac`); the four fields above are `+sac`'s, torchtitan's op policy.
+    output (`core.sac_policy`); the four fields above are `+sac`'s, torchtitan's op policy.
     Empty = unknown (the planner then takes `+sac`'s, which keep less: a lower bound)."""
     calls: int = 1
     """Times its module runs in one forward (ALBERT's shared layer: once per depth).

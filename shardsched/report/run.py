@@ -1,13 +1,13 @@
-"""`shardsched report RUN_DIR`: one PNG of a training run (RUN_DIR/report.png).
+"""One PNG of a training run (RUN_DIR/report.png): `shardsched report RUN_DIR` draws it
+(`commands.report`), and `shardsched train` at the end of a run.
 
 Four panels from the run directory's metrics.jsonl and summary.json (the
 contract in docs/design.md): training and validation loss over steps; step
 time, measured against the plan's prediction; tokens/s; and peak memory per
-worker, measured against predicted. `shardsched train` writes it at the end.
+worker, measured against predicted.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
@@ -18,11 +18,6 @@ from shardsched.report.plot import figure, save
 
 REPORT_NAME = "report.png"
 MiB = 2**20
-
-
-def add_report_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by `shardsched train`")
-    p.add_argument("--out", default=None, help=f"PNG to write (default RUN_DIR/{REPORT_NAME})")
 
 
 def read_run(run_dir: str) -> tuple[list[dict], dict]:
@@ -112,9 +107,3 @@ def _memory_panel(ax, summary: dict) -> None:
     if not any(peaks):
         ax.text(0.5, 0.5, "not measured", transform=ax.transAxes, ha="center")
     ax.legend(loc="upper right")
-
-
-def run_report(args: argparse.Namespace) -> int:
-    path = write_report(args.run_dir, args.out)
-    print(f"report: wrote {path}")
-    return 0

@@ -155,7 +155,7 @@ def _contexts(module: nn.Module, mode: Checkpoint):
 def checkpoint_layers(model: nn.Module, plan: Plan) -> None:
     """Activation checkpointing on every layer of a checkpointed unit, each layer on its
     own ([Note: checkpointed units, layer by layer] in `plan.units`), full or selective
-    (`core.types.Checkpoint`, [Note: the selective checkpointing policy] in `runtime.sac`),
+    (`core.types.Checkpoint`, [Note: the selective checkpointing policy] in `core.sac_policy`),
     before `fully_shard` (a checkpointed plan never runs on DDP: `runtime.ddp.runs_on_ddp`);
     recomputation leaves running statistics alone ([Note: recomputation never changes module
     state])."""

@@ -121,7 +121,7 @@ def holds_root_grad(i: int, n: int, *, outside: bool = False) -> bool:
 # prediction is this simulator's.
 
 # [Note: accumulation memory]
-# Under gradient accumulation (`train.accum`) the memory of one step is that of its worst
+# Under gradient accumulation (`runtime.accum`) the memory of one step is that of its worst
 # micro-batch; from the second on, the gradients of the earlier ones live through the whole
 # forward and backward (torch 2.13, _fully_shard/_fsdp_param_group.py `post_backward`):
 # - GradSync.EVERY: each unit's sharded gradient (reduce-scattered and accumulated in place

@@ -38,7 +38,7 @@ def accumulated_seconds(sc: Scenario, tl: Timeline) -> tuple[float, float, float
     passes, each gathering as the schedule says; reductions after every one (GradSync.EVERY)
     or only the last (LAST: the others replayed without them); the optimizer once. The
     micro-batches run one after another (the next forward waits for the optimizer-free end
-    of the previous one, as `train.accum.forward_backward` runs them)."""
+    of the previous one, as `runtime.accum.forward_backward` runs them)."""
     k = sc.accumulation
     if k <= 1:
         return tl.step_seconds, tl.compute_seconds, tl.comm_seconds

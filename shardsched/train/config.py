@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-import torch
 
 from shardsched.errors import UsageError
 from shardsched.models.gpt import GPTConfig
@@ -46,7 +45,7 @@ class TrainConfig:
     across all workers; must be divisible by workers x micro-batch."""
     micro_batch: int | None = None
     """Rows per worker per micro-batch (`--micro-batch`); the step accumulates
-    batch / (workers x micro_batch) of them (`train.accum`). None: the plan's when it
+    batch / (workers x micro_batch) of them (`runtime.accum`). None: the plan's when it
     accumulates, else batch / workers (no accumulation)."""
     choose_batch: bool = False
     """`--global-batch` given: the planner chooses the micro-batch and grad-sync mode that
@@ -99,8 +98,7 @@ def worker_rows(cfg: TrainConfig, *, world: int) -> int:
     return cfg.micro_batch or max(1, cfg.batch // world)
 
 
-def build_model(cfg: TrainConfig, *, world: int = 1) -> torch.nn.Module:
-    """The same initial weights on every worker (seeded, built before sharding);
-    any model `--model` names (see `train.task`)."""
-    from shardsched.train.task import build
-    return build(cfg, world=world).model
+def user_sized(model: str) -> bool:
+    """A `python:` model: its example inputs and batch_fn size every batch (no --batch,
+    --seq or --micro-batch applies)."""
+    return (model or "").startswith("python:")

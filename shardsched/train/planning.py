@@ -44,9 +44,9 @@ def share_from_rank0(make, *, mesh: DeviceMesh, rank: int):
 
 def load_plan(path: str, *, model: torch.nn.Module, world: int) -> Plan:
     """Read --plan PATH and check that it belongs to this model and world."""
-    from shardsched.plan.command import read_plan
+    from shardsched.plan.validate import read_plan_file
     from shardsched.runtime.parallelize import check_plan
-    plan = read_plan(path)
+    plan = read_plan_file(path)
     check_plan(model, plan, world)
     return plan
 
@@ -149,18 +149,18 @@ def verified(cfg: TrainConfig, plan: Plan, built: Built, profile: Profile, *, re
 def chooses_batch(cfg: TrainConfig) -> bool:
     """`train --global-batch` on a model whose rows are the global batch: the planner chooses
     what `--micro-batch` and `--grad-sync` leave open, as `plan --global-batch` does."""
-    from shardsched.train.validate import user_sized
+    from shardsched.train.config import user_sized
     return cfg.choose_batch and not user_sized(cfg.model)
 
 
 def batch_plan(cfg: TrainConfig, built: Built, *, world: int, cluster, strategy: str, budget: int | None,
                profile: Profile) -> Plan:
-    """`plan.batch.choose_batch` (the path of `plan --global-batch`) over this run's profiles:
+    """`solve.batch_choice.choose_batch` (the path of `plan --global-batch`) over this run's profiles:
     at each micro-batch m, `local_profile` of the first m rows of one worker's example inputs,
-    the micro-batch training runs (`train.accum.split_micro_batches`); `profile` is the one at
+    the micro-batch training runs (`runtime.accum.split_micro_batches`); `profile` is the one at
     the rows the flags give."""
-    from shardsched.plan.batch import choose_batch
-    from shardsched.train.accum import split_micro_batches
+    from shardsched.solve.batch_choice import choose_batch
+    from shardsched.runtime.accum import split_micro_batches
     from shardsched.train.config import worker_rows
     rows = worker_rows(cfg, world=world)
     profiles = {rows: profile}
@@ -181,8 +181,8 @@ def local_accumulation(cfg: TrainConfig, *, world: int):
     """(K, GradSync) of this run's `--micro-batch` / `--grad-sync` for the planner to price
     (`solve.batch`: memory of the accumulated gradients, K passes per step); None without
     accumulation (a `python:` model sizes its own inputs)."""
-    from shardsched.train.accum import resolve
-    from shardsched.train.validate import user_sized
+    from shardsched.runtime.accum import resolve
+    from shardsched.train.config import user_sized
     if user_sized(cfg.model):
         return None
     acc = resolve(batch=cfg.batch, world=world, micro_batch=cfg.micro_batch, grad_sync=cfg.grad_sync)

@@ -3,7 +3,7 @@
 A resumed run continues the saved one unless a flag says otherwise: the same
 number of workers (`--nproc`), the same plan (RUN_DIR/plan.json, when the
 world is unchanged; else the saved strategy and budget, re-planned for the new
-world) and the same config (model, batch, seq, lr, steps, ...: `main._FROM_SAVED`).
+world) and the same config (model, batch, seq, lr, steps, ...: `train.args.FROM_SAVED`).
 Nothing switches silently: the line printed names what was reused, and
 `archive_if_changed` keeps any run file that a resume would change.
 """

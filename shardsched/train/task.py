@@ -84,6 +84,12 @@ class Task:
 
 # ---------------------------------------------------------------- building
 
+def build_model(cfg: TrainConfig, *, world: int = 1) -> nn.Module:
+    """The same initial weights on every worker (seeded, built before sharding);
+    any model `--model` names."""
+    return build(cfg, world=world).model
+
+
 def build(cfg: TrainConfig, *, world: int) -> Built:
     """The model `cfg.model` names, seeded with `cfg.seed`, and one worker's example inputs."""
     from shardsched.models.spec import parse_model_spec
@@ -293,7 +299,7 @@ def check_task(cfg: TrainConfig, *, world: int) -> tuple[Built, Task]:
     """Build the model and run its forward on rank 0's first batch, in the parent,
     before any worker starts: a builder that raises or returns the wrong shape, a
     batch function that fails, or a loss that is not a scalar is one line (UsageError)."""
-    from shardsched.profile.layers import model_notes
+    from shardsched.models.notes import model_notes
     built = build(cfg, world=world)
     task = make_task(cfg, built, world=world)
     task = dataclasses.replace(task, notes=model_notes(built.model) + task.notes)  # said on the console

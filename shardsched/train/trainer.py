@@ -31,7 +31,7 @@ from shardsched.errors import UsageError
 from shardsched.core.types import GradSync, Plan
 from shardsched.train import checkpoint as ckpt
 from shardsched.train import interrupt
-from shardsched.train.accum import Accumulation, forward_backward, split_micro_batches
+from shardsched.runtime.accum import Accumulation, forward_backward, split_micro_batches
 from shardsched.train.config import TrainConfig
 from shardsched.train.task import Task, build, check_loss, make_task, to_device
 from shardsched.train.planning import obtain_plan, share_from_rank0
@@ -116,7 +116,7 @@ def _maybe_fail(rank: int, step: int) -> None:
 
 
 def _micro_batches(run: _Run, step: int) -> list[tuple]:
-    """This worker's rows of global batch `step`, as the run's micro-batches (train.accum)."""
+    """This worker's rows of global batch `step`, as the run's micro-batches (runtime.accum)."""
     inputs = run.task.train_batch(step, run.rank, run.mesh.size())
     return [to_device(m, run.device) for m in split_micro_batches(inputs, run.accum.steps)]
 
@@ -315,11 +315,11 @@ def _setup(cfg: TrainConfig, *, mesh: DeviceMesh, rank: int, device: torch.devic
 
 
 def run_accumulation(cfg: TrainConfig, task: Task, plan: Plan, *, world: int) -> Accumulation:
-    """Micro-batches per step: the flags or the plan's choice (train.accum.resolve) for
+    """Micro-batches per step: the flags or the plan's choice (runtime.accum.resolve) for
     models whose rows are the global batch (text, hf: vision); a user's batch_fn sizes its
     own inputs, so it runs them as one micro-batch."""
-    from shardsched.train.accum import resolve
-    from shardsched.train.validate import user_sized
+    from shardsched.runtime.accum import resolve
+    from shardsched.train.config import user_sized
     if user_sized(cfg.model):
         return resolve(batch=world, world=world, micro_batch=None, grad_sync=cfg.grad_sync)
     return resolve(batch=cfg.batch, world=world, micro_batch=cfg.micro_batch, grad_sync=cfg.grad_sync, plan=plan)

@@ -18,7 +18,7 @@ from shardsched._flags import MAX_SEED, check_int, check_positive_float, flag, l
 from shardsched._json import loads_strict
 from shardsched._paths import check_run_dir
 from shardsched.errors import UsageError
-from shardsched.train.config import TrainConfig
+from shardsched.train.config import TrainConfig, user_sized
 
 MAX_STEPS = 10**9
 MAX_SIZE = 1 << 20
@@ -52,12 +52,6 @@ def check_user_model_shape(args: argparse.Namespace) -> None:
         raise UsageError(f"{' '.join(given)}: {model} makes its own inputs (example_inputs, batch_fn), so "
                          f"{'they' if len(given) > 1 else 'it'} would change nothing; accepted: leave "
                          f"{'them' if len(given) > 1 else 'it'} out, size the inputs in your function")
-
-
-def user_sized(model: str) -> bool:
-    """A `python:` model: its example inputs and batch_fn size every batch (no --batch,
-    --seq or --micro-batch applies)."""
-    return (model or "").startswith("python:")
 
 
 def run_dir_of(resume: str) -> Path:
@@ -188,7 +182,7 @@ def check_plan_order(plan, model, inputs: tuple, *, path: str) -> None:
 
 def check_accumulation(cfg: TrainConfig, plan, *, world: int) -> None:
     """The global batch splits into workers x micro-batches (with --plan: the plan's choice)."""
-    from shardsched.train.accum import resolve
+    from shardsched.runtime.accum import resolve
     if user_sized(cfg.model):
         return
     resolve(batch=cfg.batch, world=world, micro_batch=cfg.micro_batch, grad_sync=cfg.grad_sync, plan=plan)

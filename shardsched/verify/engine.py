@@ -81,15 +81,15 @@ def _optimizer(model: nn.Module, plan: Plan) -> torch.optim.Optimizer:
 
 
 def _loss(out) -> torch.Tensor:
-    from shardsched.profile.trace import loss_of
+    from shardsched.profile.trace_fake import loss_of
     return loss_of(out)
 
 
 def training_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: tuple, plan: Plan,
                   seen: Callable[[nn.Module], None] = lambda m: None) -> Callable[[int], None]:
-    """`step(i)`: one optimizer step of `plan.accumulation` micro-batches (`train.accum`);
+    """`step(i)`: one optimizer step of `plan.accumulation` micro-batches (`runtime.accum`);
     `seen(model)` after the backward of the first step, before the gradients are freed."""
-    from shardsched.train.accum import forward_backward
+    from shardsched.runtime.accum import forward_backward
     k = plan.accumulation
 
     def step(i: int) -> None:

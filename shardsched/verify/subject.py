@@ -13,9 +13,13 @@ plan is returned unverified, with one note saying why.
 from __future__ import annotations
 
 import copy
+import json
 import os
+import subprocess
+import sys
 from typing import Any, Callable, NamedTuple
 
+from shardsched._json import from_dict, to_dict
 from shardsched.core.types import Plan, Verified
 
 _DATA_DEPENDENT = ("DataDependentOutput", "DynamicOutputShape", "data-dependent", "UnsupportedOperatorException",
@@ -32,7 +36,7 @@ class Subject(NamedTuple):
     """build(micro_batch=, seq=, real=) -> (model, inputs) at another shape, or on real tensors."""
     recipe: dict | None = None
     """{"model": --model spec, "layers": --layers}: how a fresh interpreter rebuilds the model,
-    for a caller with a process group of its own (`verify.worker`); None: always in-process."""
+    for a caller with a process group of its own (`verify_elsewhere`); None: always in-process."""
 
 
 def data_dependent(e: BaseException) -> bool:
@@ -68,7 +72,6 @@ def verifier(subject: Subject) -> Callable[[Plan], Verified]:
             if subject.recipe is None:
                 raise Unverifiable("this process holds a process group and the model has no --model spec "
                                    "to verify it elsewhere")
-            from shardsched.verify.worker import verify_elsewhere
             return verify_elsewhere(subject.recipe, plan)
         return _cached(subject, plan, lambda: _verify_here(subject, plan))
     return verify
@@ -79,9 +82,7 @@ def _cached(subject: Subject, plan: Plan, run: Callable[[], Verified]) -> Verifi
     cache] in profile/cache.py: a second plan of a model makes no fake tensors); subjects with
     no model (analytic) are verified each time."""
     import dataclasses
-    import json
 
-    from shardsched._json import from_dict, to_dict
     from shardsched.profile import cache
     if subject.model is None:
         return run()
@@ -111,3 +112,21 @@ def _verify_here(subject: Subject, plan: Plan) -> Verified:
 
 class Unverifiable(Exception):
     """The plan cannot be run by the engine here; the message says why (one line)."""
+
+
+class Recipe(dict):
+    """{"model": spec string, "layers": --layers or None, "position_table": train's GPT table
+    or None}: how a child rebuilds the model."""
+
+
+def verify_elsewhere(recipe: Recipe, plan: Plan) -> Verified:
+    """Run `python -m shardsched.verify.worker` on `plan`; its `Verified`, or the child's last
+    error line raised as `verify.subject.Unverifiable`."""
+    request = json.dumps({**recipe, "plan": to_dict(plan)})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "shardsched.verify.worker"], input=request, text=True,
+                          capture_output=True, env=env, check=False)
+    if done.returncode != 0:
+        lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
+        raise Unverifiable(f"the verifying process failed ({lines[-1][:200] if lines else done.returncode})")
+    return from_dict(Verified, json.loads(done.stdout.strip().splitlines()[-1]))

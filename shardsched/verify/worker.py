@@ -10,31 +10,10 @@ verifies the plan and prints `Verified` as JSON; the parent reads it back.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 
 from shardsched._json import from_dict, to_dict
-from shardsched.core.types import Plan, Verified
-
-
-class Recipe(dict):
-    """{"model": spec string, "layers": --layers or None, "position_table": train's GPT table
-    or None}: how a child rebuilds the model."""
-
-
-def verify_elsewhere(recipe: Recipe, plan: Plan) -> Verified:
-    """Run `python -m shardsched.verify.worker` on `plan`; its `Verified`, or the child's last
-    error line raised as `verify.subject.Unverifiable`."""
-    from shardsched.verify.subject import Unverifiable
-    request = json.dumps({**recipe, "plan": to_dict(plan)})
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "shardsched.verify.worker"], input=request, text=True,
-                          capture_output=True, env=env, check=False)
-    if done.returncode != 0:
-        lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
-        raise Unverifiable(f"the verifying process failed ({lines[-1][:200] if lines else done.returncode})")
-    return from_dict(Verified, json.loads(done.stdout.strip().splitlines()[-1]))
+from shardsched.core.types import Plan
 
 
 def main() -> int:

@@ -44,7 +44,7 @@ def test_formulas_on_the_real_cpu_kernel(is_causal):
 
 def test_analytic_attention_equals_what_the_kernel_is_counted():
     """The analytic profile's attention FLOPs == FlopCounterMode's (causal formulas) on the
-    project's own Attention module: the count `profile/trace.py` gets once its `_CUSTOM`
+    project's own Attention module: the count `profile/trace_record.py` gets once its `_CUSTOM`
     maps these two ops to `CAUSAL_SDPA_FORMULAS` (before: exactly 2s/(s+1) times more)."""
     cfg = GPTConfig(layers=1, hidden=32, heads=4, seq=24)
     b, s = 2, 24

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from shardsched.gossip import blocked
-from shardsched.gossip.command import DENSE_MAX_DIM, simulation_problem
+from shardsched.commands.gossip import DENSE_MAX_DIM, simulation_problem
 from shardsched.gossip.config import GossipConfig, Sync, Topology
 from shardsched.gossip.problems import DiagonalLeastSquares, LeastSquares
 from shardsched.gossip.simulate import SimPath, choose_path, decaying_lr, simulate

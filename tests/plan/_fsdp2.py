@@ -35,7 +35,7 @@ def parallelize_on_fake_pg(model: torch.nn.Module, plan, world: int) -> torch.nn
 def measured_peak(model: torch.nn.Module, inputs: tuple, plan, *, steps: int = 2, accumulation: int = 1,
                   grad_sync: GradSync = GradSync.EVERY) -> int:
     """FSDPMemTracker's peak over `steps` training steps of `model` sharded by `plan`, each of
-    `accumulation` micro-batches (`inputs` each time) as `train.accum.forward_backward` runs
+    `accumulation` micro-batches (`inputs` each time) as `runtime.accum.forward_backward` runs
     them, one micro-batch a tracked step: the tracker refuses a second forward of the root
     between two `reset_mod_stats`."""
     world, k = plan.world, accumulation

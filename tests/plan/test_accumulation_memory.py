@@ -3,7 +3,7 @@
 From the second micro-batch on, the gradients of the earlier ones live through forward
 and backward: sharded when reduced every micro-batch, unsharded (fp32) when FSDP2 keeps
 them until the last ([Note: accumulation memory] in sim/memory.py). Each case runs two
-steps of K=2 micro-batches as `train` does (`train.accum.forward_backward`).
+steps of K=2 micro-batches as `train` does (`runtime.accum.forward_backward`).
 """
 import dataclasses
 
@@ -19,7 +19,7 @@ from shardsched.plan.schedule import scenario_for
 from shardsched.runtime.memtrack import tracked_peak_bytes
 from shardsched.sim.simulate import simulate
 from shardsched.solve.build import make_plan
-from shardsched.train.accum import forward_backward
+from shardsched.runtime.accum import forward_backward
 
 from ._fsdp2 import parallelize_on_fake_pg
 from .test_memory_vs_fsdp2 import CONFIGS, profile_of

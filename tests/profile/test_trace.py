@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import shardsched.profile.trace as trace
+import shardsched.profile.trace_stacks as trace_stacks
 from shardsched.cost.device import DEVICES
 from shardsched.models.gpt_config import GPTConfig
 from shardsched.models.spec import build_gpt
@@ -24,7 +25,7 @@ def test_traced_equals_analytic_bytes_and_params():
         assert (t.name, t.params, t.dims, t.activation_bytes) == (a.name, a.params, a.dims, a.activation_bytes)
         assert [(c.name, c.params, c.activation_bytes) for c in t.children] == \
             [(c.name, c.params, c.activation_bytes) for c in a.children]
-        # what selective checkpointing keeps (runtime/sac.py): `+sac` attention and every other
+        # what selective checkpointing keeps (core/sac_policy.py): `+sac` attention and every other
         # matmul's outputs (the block's mm counter), `+sac-all` every matmul's
         assert [x.selective_saved_bytes for x in (t, *t.children)] == [x.selective_saved_bytes for x in (a, *a.children)]
         assert [x.selective_all[0] for x in (t, *t.children)] == [x.selective_all[0] for x in (a, *a.children)]
@@ -43,7 +44,7 @@ def test_same_inputs_same_profile_and_repeated_blocks_shortcut(monkeypatch):
     model, inputs = build_gpt(cfg, micro_batch=1, seq=16)
     short = trace.trace_profile(model, inputs, name="t", device=CPU)
     assert trace.trace_profile(model, inputs, name="t", device=CPU) == short
-    monkeypatch.setattr(trace, "_MIN_STACK", 100)  # trace every block
+    monkeypatch.setattr(trace_stacks, "_MIN_STACK", 100)  # trace every block
     assert trace.trace_profile(model, inputs, name="t", device=CPU) == short
 
 

@@ -63,7 +63,7 @@ def test_moe_experts_trace_in_fp32_and_match_real_tensors():
     experts = 2 * (64 * 2) * 64 * (2 * 128) + 2 * (64 * 2) * 128 * 64
     assert block.forward_flops["matmul"] >= experts
     # Fake and real tensors run the same program, attention included ([Note: HF causal masks
-    # on fake tensors] in profile/trace.py: no explicit mask, no repeated K/V, as in the run).
+    # on fake tensors] in profile/trace_fake.py: no explicit mask, no repeated K/V, as in the run).
     _same(traced, measure_profile(model, inputs, name="mixtral", repeats=1, warmup=0))
 
 

@@ -6,6 +6,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from shardsched.core.types import Checkpoint
+from shardsched.core import sac_policy
 from shardsched.runtime import sac
 
 aten = torch.ops.aten
@@ -13,9 +14,9 @@ aten = torch.ops.aten
 
 def test_every_second_mm_is_recomputed_under_sac_and_kept_under_sac_all():
     ops = [aten.mm.default] * 7  # a Llama block: q, k, v, o, gate, up, down
-    op = sac.Policy(Checkpoint.SELECTIVE)
+    op = sac_policy.Policy(Checkpoint.SELECTIVE)
     assert [op.saves(f) for f in ops] == [True, False, True, False, True, False, True]
-    every = sac.Policy(Checkpoint.SELECTIVE_ALL)
+    every = sac_policy.Policy(Checkpoint.SELECTIVE_ALL)
     assert all(every.saves(f) for f in ops)
     op.reset()  # a new call: the counter starts again
     assert op.saves(aten.mm.default)
@@ -77,7 +78,7 @@ def test_saved_ops_cover_torchs_compute_intensive_list_without_importing_it():
     import subprocess
     import sys
 
-    from shardsched.runtime.sac import NOT_SAVED, SAVED, torch_compute_intensive
+    from shardsched.core.sac_policy import NOT_SAVED, SAVED, torch_compute_intensive
     assert torch_compute_intensive() and torch_compute_intensive() - NOT_SAVED <= SAVED and not NOT_SAVED & SAVED
     code = "import sys, shardsched.profile.trace; print('torch._functorch.partitioners' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

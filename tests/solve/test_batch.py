@@ -10,7 +10,7 @@ from shardsched.models.spec import PRESETS
 from shardsched.profile.analytic import analytic_profile
 from shardsched.solve.batch import divisors, max_micro_batch, plan_global_batch
 from shardsched.solve.build import make_plan
-from shardsched.train.accum import resolve
+from shardsched.runtime.accum import resolve
 
 CLUSTER = Cluster(world=8, gpus_per_node=8, device=DEVICES["h100"])
 KW = dict(precision="bf16-mixed", optimizer="adam")
@@ -61,8 +61,8 @@ def test_plan_global_batch_json_and_train_honours_it(tmp_path, capsys):
         p["solver"].pop("seconds")  # wall time of the solve: the one field that may differ
     assert again == plan  # deterministic
     assert plan["micro_batch"] * plan["accumulation"] == 16 and plan["grad_sync"] in ("every", "last")
-    from shardsched.plan.command import read_plan
-    acc = resolve(batch=128, world=8, micro_batch=None, grad_sync=None, plan=read_plan(str(out)))
+    from shardsched.plan.validate import read_plan_file
+    acc = resolve(batch=128, world=8, micro_batch=None, grad_sync=None, plan=read_plan_file(str(out)))
     assert (acc.micro_batch, acc.steps, acc.grad_sync.value) == (plan["micro_batch"], plan["accumulation"],
                                                                   plan["grad_sync"])
 

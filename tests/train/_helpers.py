@@ -10,7 +10,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from shardsched.core.types import Plan, Strategy, Unit
 from shardsched.profile.fingerprint import fingerprint
-from shardsched.train.config import TrainConfig, build_model
+from shardsched.train.config import TrainConfig
+from shardsched.train.task import build_model
 from shardsched.train.task import build, make_task
 from shardsched.train.trainer import lr_at, train
 

@@ -106,7 +106,7 @@ def first_step_grads(cfg, plan, mesh, rank: int, mode: str) -> dict[str, torch.T
     """The summed gradient of step 0 under `mode`, whole (gathered), before any optimizer
     step: Adam is nearly blind to a gradient's scale, so a wrong 1/K shows only here."""
     from shardsched.runtime.parallelize import parallelize
-    from shardsched.train.accum import forward_backward, resolve, split_micro_batches
+    from shardsched.runtime.accum import forward_backward, resolve, split_micro_batches
     from shardsched.train.task import build, make_task
     built = build(cfg, world=mesh.size())
     task = make_task(cfg, built, world=mesh.size())
@@ -229,7 +229,7 @@ def test_gradients_are_reduced_once_with_sync_on_the_last(monkeypatch):
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from shardsched.core.types import GradSync
-    from shardsched.train.accum import forward_backward
+    from shardsched.runtime.accum import forward_backward
     calls = []
     real = dist.reduce_scatter_single
     monkeypatch.setattr(dist, "reduce_scatter_single", lambda *a, **k: calls.append(1) or real(*a, **k))

@@ -15,7 +15,7 @@ from shardsched.solve.build import make_plan
 from shardsched.core.types import Optimizer, Precision, Strategy
 from shardsched.profile.measure import measure_profile
 from shardsched.train.launcher import launch
-from shardsched.train.config import build_model
+from shardsched.train.task import build_model
 
 from ._helpers import auto_worker, reference_run, tiny_config, uniform_plan
 

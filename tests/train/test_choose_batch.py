@@ -1,5 +1,5 @@
 """`train --global-batch N` without `--plan` chooses the micro-batch and grad-sync mode on the
-path `plan --global-batch` takes (`plan.batch.choose_batch`): the same plan, then trained."""
+path `plan --global-batch` takes (`solve.batch_choice.choose_batch`): the same plan, then trained."""
 from __future__ import annotations
 
 import dataclasses

@@ -8,7 +8,7 @@ import sys
 PLAN_DEFAULT = """
 import json
 from shardsched.cli import build_parser
-from shardsched.train.main import config_from_args
+from shardsched.train.args import config_from_args
 from shardsched.train.planning import make_local_plan
 from shardsched.train.task import build
 args = build_parser("train").parse_args(["train"])  # exactly what `shardsched train` starts from

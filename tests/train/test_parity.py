@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from shardsched.train.launcher import launch
-from shardsched.train.config import build_model
+from shardsched.train.task import build_model
 
 from ._helpers import parity_worker, reference_run, tiny_config
 

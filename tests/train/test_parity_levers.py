@@ -18,7 +18,7 @@ def test_levers_match_single_process(tmp_path):
         _, same_params = reference_run(cfg, chunks=4)
     finally:
         torch.set_num_threads(threads)
-    from shardsched.train.config import build_model
+    from shardsched.train.task import build_model
     init = build_model(cfg).state_dict()
     out = tmp_path / "results.pt"
     launch(lever_worker, nproc=4, args=(cfg, str(out)))

@@ -1,7 +1,7 @@
 """Selective (op-level) activation checkpointing on 2 gloo workers trains exactly like one
 process: a tiny GPT and a BatchNorm CNN under mixed plans with `+sac` units (and one `+ckpt`
 unit beside them), losses, parameters and running statistics to 1e-5
-(runtime/sac.py, [Note: the selective checkpointing policy]; runtime/parallelize.py,
+(core/sac_policy.py, [Note: the selective checkpointing policy]; runtime/parallelize.py,
 [Note: recomputation never changes module state])."""
 import dataclasses
 from pathlib import Path
@@ -14,7 +14,7 @@ from shardsched.core.types import Checkpoint
 from shardsched.train.launcher import launch
 from shardsched.train.trainer import train
 
-from shardsched.train.config import build_model
+from shardsched.train.task import build_model
 
 from ._helpers import make_plan_by_hand, reference_run, tiny_config
 from .test_parity import update_error

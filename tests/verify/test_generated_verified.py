@@ -40,7 +40,7 @@ def _quiet():
     (um.build_vit, "full_shard"), (um.build_vit, "replicate"), (um.build_vit, "full_shard+sac"),
     (um.build_dino, "full_shard"),  # +4.5% before
     (um.build_dino, "replicate"),  # +3.2% before (a fused unit on DDP: sim.memory._backward)
-    # [Note: boolean masks on fake tensors] in profile/trace.py: +33% before (measured profile)
+    # [Note: boolean masks on fake tensors] in profile/trace_fake.py: +33% before (measured profile)
     (um.build_gnn, "full_shard+sac"), (um.build_gnn, "full_shard+ckpt"), (um.build_gnn, "replicate"),
     (um.build_shared, "replicate"),
     # [Note: frozen parameters] in sim/memory.py: +379% / +52% / +83% / +13% before

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from shardsched._flags import add_layers_argument
-from shardsched.train.main import _model_choices, config_from_args, validate, world_size
+from shardsched.train.args import config_from_args, model_choices, world_size
+from shardsched.train.validate import validate
 from shardsched.train.config import TrainConfig
 
 STRATEGIES = ("replicate", "shard_grad_op", "full_shard")
@@ -28,7 +29,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     a("--nproc", type=int, default=None, help="local workers to spawn (default 2; under torchrun/SLURM: must match)")
     a("--steps", type=int, default=DEFAULT_BENCH_STEPS, help=f"steps per variant (default {DEFAULT_BENCH_STEPS})")
     a("--seed", type=int, default=0)
-    a("--model", default="tiny", help=f"model spec: {_model_choices()} (default tiny)")
+    a("--model", default="tiny", help=f"model spec: {model_choices()} (default tiny)")
     add_layers_argument(parser)
     a("--data", default=None, help="text file (default: the Python standard library sources)")
     a("--plan", default=None, help="also run this plan.json (default: the automatic plan under the default budget)")

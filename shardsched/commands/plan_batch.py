@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 import math
 import sys
 
 from shardsched._fmt import fmt_bytes
-from shardsched.core.types import GradSync, Plan, Precision
+from shardsched.core.types import Plan, Precision
 from shardsched.cost.device import Cluster
-from shardsched.solve.batch import max_micro_batch, plan_global_batch
+from shardsched.commands.plan_profile import profile_or_refuse, sized_spec
+from shardsched.solve.batch import max_micro_batch
+from shardsched.solve.batch_choice import choose_batch
 
 MAX_BATCH_STRATEGIES = ("replicate", "shard_grad_op", "full_shard", "auto")
 """The rows of `plan --max-batch`: each uniform strategy, then the auto planner."""
@@ -20,11 +21,10 @@ MAX_BATCH_STRATEGIES = ("replicate", "shard_grad_op", "full_shard", "auto")
 
 def _profile_at(args: argparse.Namespace, spec, cluster: Cluster, precision: Precision):
     """micro_batch -> profile, each size profiled once (analytic, traced or measured as `plan` does)."""
-    from shardsched.plan.command import _profile, _sized
 
     @functools.lru_cache(maxsize=None)
     def at(m: int):
-        return _profile(_sized(spec, micro_batch=m, seq=args.seq), m, args.seq, args, cluster, precision).profile
+        return profile_or_refuse(sized_spec(spec, micro_batch=m, seq=args.seq), m, args.seq, args, cluster, precision).profile
     return at
 
 
@@ -42,24 +42,6 @@ def global_batch_plan(args: argparse.Namespace, spec, cluster: Cluster, precisio
                         strategy=args.strategy or ("auto" if budget else "full_shard"), budget=budget,
                         micro_batch=args.micro_batch, grad_sync=args.grad_sync, **_make_kw(args, precision))
     return plan, profile_at(plan.micro_batch)
-
-
-def choose_batch(profile_at, cluster: Cluster, *, global_batch: int, strategy: str, budget: int | None,
-                 micro_batch: int | None, grad_sync: str | None, **kw) -> Plan:
-    """The fastest plan per global batch over the micro-batches and grad-sync modes that
-    `micro_batch` / `grad_sync` leave open (`solve.batch.plan_global_batch`), with a first note
-    saying what was chosen among what was tried. The one path of `plan --global-batch` and
-    `train --global-batch` (`train.planning.make_local_plan`). kw: `make_plan`'s other arguments."""
-    sync = GradSync(grad_sync) if grad_sync else None
-    plan, tried = plan_global_batch(profile_at, cluster, global_batch=global_batch, strategy=strategy,
-                                    budget=budget, micro_batch=micro_batch, grad_sync=sync, **kw)
-    options = ", ".join(f"{c.micro_batch}x{c.accumulation} {c.grad_sync.value} "
-                        + (f"{c.plan.predicted.step_seconds * 1e3:.1f} ms" if c.plan else "does not fit")
-                        for c in tried)
-    note = (f"global batch {global_batch}: micro-batch {plan.micro_batch} x {plan.accumulation} accumulated "
-            f"per worker, gradients reduced {'after every micro-batch' if plan.grad_sync is GradSync.EVERY else 'after the last'}"
-            f" (fastest per global batch of: {options})")
-    return dataclasses.replace(plan, notes=(note, *plan.notes))
 
 
 def print_max_batch(args: argparse.Namespace, spec, cluster: Cluster, precision: Precision,

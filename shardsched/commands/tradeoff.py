@@ -17,7 +17,8 @@ from shardsched._fmt import console, fmt_bytes, fmt_seconds
 from shardsched.errors import UsageError
 from shardsched.models.spec import parse_model_spec
 from shardsched.core.types import Precision
-from shardsched.plan.command import cluster_from_args, write_atomic
+from shardsched._paths import atomic_write
+from shardsched.commands.plan import cluster_from_args
 from shardsched.profile.resolve import profiled
 from shardsched.tradeoff.sweep import auto_budgets, csv_text, mix_label, parse_budgets, sweep
 
@@ -78,7 +79,7 @@ def run_tradeoff(args: argparse.Namespace) -> int:
     if not args.no_verify:
         points = verified_points(points, spec, built, args.layers, cluster=cluster, kw=kw)
     if args.csv:
-        write_atomic(args.csv, csv_text(points, cluster))
+        atomic_write(args.csv, csv_text(points, cluster))
     if args.png:
         from shardsched.tradeoff.plot import tradeoff_png
         _png_atomic(args.png, points, title=f"{profile.model}: {cluster.world} x {cluster.device.name}, "

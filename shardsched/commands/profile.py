@@ -50,7 +50,7 @@ def _calibrate_worker(ctx, base: str, repeats: int, out: str) -> None:
     from shardsched.core.types import Optimizer, Precision
     from shardsched.cost.device import cluster_file_text
     from shardsched.cost.memory import state_bytes
-    from shardsched.plan.command import write_atomic
+    from shardsched._paths import atomic_write
     from shardsched.profile import calibrate as cal
     group, device = ctx.mesh.get_group(), ctx.device
     samples = cal.time_collectives(group=group, device=device, repeats=repeats) if ctx.world > 1 else []
@@ -67,13 +67,13 @@ def _calibrate_worker(ctx, base: str, repeats: int, out: str) -> None:
     calib = cal.fitted_device(DEVICES[base], samples=samples, compute=compute, optimizer=tuple(optimizer),
                               unit_overhead=overhead[0], tensor_overhead=overhead[1], world=ctx.world,
                               state_bytes_at_rest=state_bytes(Precision.FP32, Optimizer.ADAM).at_rest)
-    write_atomic(out, cluster_file_text(calib.device, fit=calib.fit) + "\n")
+    atomic_write(out, cluster_file_text(calib.device, fit=calib.fit) + "\n")
 
 
 def run_profile(args: argparse.Namespace) -> int:
     from shardsched.cost.device import read_cluster_file
     from shardsched.train.launcher import WorkerFailed, launch
-    from shardsched.train.main import world_size
+    from shardsched.train.args import world_size
     base = _check(args)
     world = world_size(args.nproc)
     try:

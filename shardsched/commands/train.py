@@ -7,21 +7,11 @@ is one line on stderr and exit status 2 instead of a worker's traceback.
 from __future__ import annotations
 
 import argparse
-import time
 
 from shardsched._flags import add_headroom_argument, add_layers_argument
-from shardsched.cost.bytes import parse_bytes
-from shardsched.cost.headroom import parse_headroom
-from shardsched.errors import UsageError
+from shardsched.train.args import DEFAULT_STEPS, FROM_SAVED, config_from_args, model_choices, world_size
 from shardsched.train.config import TrainConfig
-from shardsched.train.validate import check_config, check_train_args, read_saved_config, validate  # noqa: F401 (bench)
-
-DEFAULT_STEPS = 500
-"""About a minute for the tiny model with 2 workers on 2 CPU cores (measured ~0.09 s/step: 500 steps ~ 45 s plus ~10 s start-up and profiling)."""
-
-def _model_choices() -> str:
-    from shardsched.models.spec import PRESETS
-    return f"a preset ({', '.join(PRESETS)}) or gpt:key=value,..."
+from shardsched.train.validate import validate
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +21,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
                                              "under torchrun/SLURM the launcher's tasks are the workers and --nproc must match them")
     a("--steps", type=int, default=None, help=f"total optimizer steps (default {DEFAULT_STEPS})")
     a("--seed", type=int, default=None, help="seed for initialisation and batches (default 0)")
-    a("--model", default=None, help=f"model spec: {_model_choices()}; python:module:function returning "
+    a("--model", default=None, help=f"model spec: {model_choices()}; python:module:function returning "
                                     "(model, example_inputs[, batch_fn]) (see shardsched.train.task; default tiny)")
     add_layers_argument(parser)
     a("--data", default=None, help="text file to train on (default: the Python standard library sources)")
@@ -81,44 +71,6 @@ class _GlobalBatch(argparse.Action):
         namespace.choose_batch = True
 
 
-# Flags a resumed run takes from the saved config.json unless given again.
-_FROM_SAVED = ("steps", "seed", "model", "data", "batch", "seq", "lr", "eval_every", "checkpoint_every", "precision",
-               "cluster", "layers", "headroom", "micro_batch", "grad_sync", "choose_batch")
-_DEFAULTS = {"steps": DEFAULT_STEPS, "seed": 0, "model": "tiny", "batch": 8, "seq": 128, "lr": 3e-3,
-             "eval_every": 100, "checkpoint_every": 0, "precision": "fp32", "choose_batch": False}
-
-
-def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """TrainConfig from flags, the resumed run's config.json, then defaults."""
-    check_train_args(args)
-    saved = read_saved_config(args.resume, model=args.model)
-    values = {}
-    for key in _FROM_SAVED:
-        given = getattr(args, key, None)
-        values[key] = given if given is not None else saved.get(key, _DEFAULTS.get(key))
-    budget = parse_bytes(args.memory_budget) if args.memory_budget else None
-    if getattr(args, "headroom", None) is not None:
-        parse_headroom(args.headroom)  # one line, exit 2, before any worker starts
-    from shardsched.train.resume import run_dir_of
-    resumed_dir = str(run_dir_of(args.resume)) if args.resume else None  # --resume may name a checkpoint
-    run_dir = args.run_dir or resumed_dir or f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
-    cfg = TrainConfig(**values, strategy=args.strategy, plan=args.plan, memory_budget_bytes=budget,
-                      run_dir=run_dir, resume=args.resume, quiet=args.quiet,
-                      log_every=getattr(args, "log_every", 0),
-                      gpus_per_node=getattr(args, "gpus_per_node", None),
-                      verify=not getattr(args, "no_verify", False))
-    check_config(cfg)  # ranges first: later checks (host memory, planning) assume them
-    return cfg
-
-
-def world_size(nproc: int) -> int:
-    """Workers of this run: the launcher's world under torchrun/SLURM, else --nproc."""
-    from shardsched.train.launcher import check_nproc
-    if nproc is not None and nproc < 1:
-        raise UsageError(f"--nproc must be at least 1, got {nproc}")
-    return check_nproc(nproc)
-
-
 def _train_worker(ctx, cfg: TrainConfig) -> None:
     from shardsched.train.trainer import train
     train(cfg, mesh=ctx.mesh, rank=ctx.rank, device=ctx.device)  # rank 0 also writes RUN_DIR/train.log
@@ -138,7 +90,7 @@ def run_train(args: argparse.Namespace) -> int:
     from shardsched.train.resume import reuse_saved_run
     from shardsched.train.validate import check_user_model_shape
     rdzv = external_rendezvous()
-    reused = reuse_saved_run(args, world_from_launcher=rdzv and rdzv.world, from_saved=_FROM_SAVED)
+    reused = reuse_saved_run(args, world_from_launcher=rdzv and rdzv.world, from_saved=FROM_SAVED)
     world = world_size(args.nproc)
     cfg = config_from_args(args)
     check_local_workers(cfg, world=world, external=rdzv is not None)  # before anything builds the model

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 import math
 import os
@@ -12,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 from shardsched._fmt import fmt_bytes
+from shardsched.commands.plan_profile import profile_or_refuse, sized_spec
 from shardsched.cost.bytes import parse_bytes
 from shardsched.cost.device import DEVICES, Cluster, read_cluster_file
 from shardsched.cost.headroom import Budget, headroom_for, stated, usable_budget
@@ -26,7 +26,6 @@ from shardsched._paths import atomic_write, check_writable_file
 from shardsched.plan.spec import parse_strategy_spec
 from shardsched.plan.validate import check_plan_layers, read_plan_file
 from shardsched.models.spec import PRESETS, parse_model_spec
-from shardsched.profile.resolve import profiled
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
@@ -96,10 +95,6 @@ def cluster_from_args(args: argparse.Namespace, *, python_model: bool) -> Cluste
     return Cluster(world=args.world, gpus_per_node=gpn, device=DEVICES[name])
 
 
-read_plan = read_plan_file  # the one plan-file reader (plan/validate.py)
-write_atomic = atomic_write
-
-
 MAX_WORLD = 1 << 20
 """Upper bound on --world (and per-node workers, micro-batch, seq): far above any
 cluster, low enough that the planner's arithmetic stays fast."""
@@ -135,23 +130,23 @@ def run_plan(args: argparse.Namespace) -> int:
     cluster = cluster_from_args(args, python_model=spec.config is None)
     precision = Precision(args.precision or ("fp32" if cluster.device.name == "cpu" else "bf16-mixed"))
     given = parse_bytes(args.memory_budget) if args.memory_budget else None
-    existing = read_plan(args.plan) if args.plan else None  # validate input before any work
+    existing = read_plan_file(args.plan) if args.plan else None  # validate input before any work
     if given is None and existing is not None:
         given = existing.memory_budget_bytes  # re-evaluated under the budget it was made for
     budget = usable_budget(given, device_memory=cluster.device.memory_bytes,
                            headroom=headroom_for(args.headroom, cluster.device))
     if getattr(args, "max_batch", False):
-        from shardsched.plan.batch import print_max_batch
+        from shardsched.commands.plan_batch import print_max_batch
         return print_max_batch(args, spec, cluster, precision, budget.usable)
     if getattr(args, "global_batch", None):
-        from shardsched.plan.batch import global_batch_plan
+        from shardsched.commands.plan_batch import global_batch_plan
         plan, profile = global_batch_plan(args, spec, cluster, precision, budget.usable if given is not None else None)
         plan = _verified(args, stated(plan, budget), spec, profile, None, replan=None,
                          usable=budget.usable if given is not None else None)
         return _finish(args, plan, profile, cluster, budget, given, spec, args.seq)
     micro_batch, seq = _shape(args, existing)
-    sized = _sized(spec, micro_batch=args.micro_batch, seq=args.seq)
-    built = _profile(sized, micro_batch, seq, args, cluster, precision)
+    sized = sized_spec(spec, micro_batch=args.micro_batch, seq=args.seq)
+    built = profile_or_refuse(sized, micro_batch, seq, args, cluster, precision)
     profile, replan, usable = built.profile, None, budget.usable if given is not None else None
     if existing is not None:
         plan = reevaluate(existing, profile, cluster, budget)
@@ -209,7 +204,7 @@ def _finish(args: argparse.Namespace, plan: Plan, profile, cluster: Cluster, bud
                          f"exceeds the usable budget {fmt_bytes(budget.usable)}; try --strategy auto\n")
     device_memory_warning(plan, cluster)
     if args.out:
-        write_atomic(args.out, plan.to_json() + "\n")
+        atomic_write(args.out, plan.to_json() + "\n")
     if args.trace:
         write_trace_for(args.trace, plan, profile, cluster)
         # stderr: stdout may be the plan JSON itself
@@ -231,33 +226,6 @@ def _shape(args: argparse.Namespace, existing: Plan | None) -> tuple[int, int | 
     micro_batch = args.micro_batch or (existing.micro_batch if existing else 1)
     seq = args.seq or (existing.seq if existing and existing.seq else None)
     return micro_batch, seq
-
-
-def _sized(spec, *, micro_batch: int | None, seq: int | None):
-    """A `python:` spec whose builder gets the --micro-batch / --seq the user gave (or
-    refuses them in one line: `models.spec.shape_kwargs`); other specs as they are."""
-    if not spec.name.startswith("python:") or (micro_batch is None and seq is None):
-        return spec
-    return dataclasses.replace(spec, builder=functools.partial(spec.builder, micro_batch=micro_batch, seq=seq))
-
-
-def _profile(spec, micro_batch: int, seq: int | None, args: argparse.Namespace, cluster: Cluster,
-             precision: Precision):
-    """`profile.resolve.profiled` (the profile and the model it was taken from), with a model
-    that fails when run for real (`--measure`) one line, not a traceback: the model's own code
-    raised, so the line names what it raised and the way out."""
-    try:
-        return profiled(spec, micro_batch=micro_batch, seq=seq, device=cluster.device,
-                        precision=precision, measure=args.measure, layers=args.layers)
-    except (UsageError, KeyboardInterrupt, MemoryError):
-        raise
-    except Exception as e:  # noqa: BLE001 - the model's forward/backward under the measuring hooks
-        if not args.measure:
-            raise
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise UsageError(f"--measure: running {spec.name} on this machine raised {type(e).__name__}: {msg[:200]}; "
-                         f"accepted: leave out --measure (traced on fake tensors), or another --micro-batch/--seq"
-                         ) from None
 
 
 def device_memory_warning(plan: Plan, cluster: Cluster) -> None:
@@ -338,4 +306,4 @@ def write_trace_for(path: str, plan: Plan, profile, cluster: Cluster) -> None:
 
     sc = scenario_for(plan, profile, cluster)
     res = simulate(sc)
-    write_atomic(path, json.dumps({"traceEvents": trace_events(sc, res.timeline, res.memory)}))
+    atomic_write(path, json.dumps({"traceEvents": trace_events(sc, res.timeline, res.memory)}))
