@@ -22,10 +22,10 @@ from shardsched.cost.device import Cluster
 from shardsched.errors import UsageError
 from shardsched.solve.baselines import Scored, uniform_baselines
 from shardsched.solve.candidates import Choice, Problem, candidate_problems, finest_problem
+from shardsched.solve.effort import CONTEND_UNITS, FULL_WINDOW_UNITS, Effort, ahead_for
 from shardsched.solve.greedy import least_memory
 from shardsched.solve.named import one_override_plans
-from shardsched.solve.search import (CONTEND_UNITS, FULL_WINDOW_UNITS, Effort, Search, ahead_for, local_polish,
-                                     search, with_baseline_groupings)
+from shardsched.solve.search import Search, local_polish, search, with_baseline_groupings
 from shardsched.plan.spec import StrategySpec, exact_spec
 from shardsched.core.types import Checkpoint, Optimizer, Plan, Precision, SolverInfo, Strategy
 from shardsched.profile.types import Profile

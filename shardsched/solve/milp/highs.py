@@ -54,7 +54,7 @@ def solve(p: Problem, *, budget: int, ahead: int | None = None, start: Choice | 
     `nodes` branch-and-bound nodes. `time_limit` is a safety cut-off only: a run it stops
     reports status "time limit reached", and its answer may depend on the machine.
     `reliable`: HiGHS's `mip_pscost_minreliable` (8, its default: strong branching until a
-    column's pseudo-costs rest on 8 branchings; 0: none, `search.Effort.reliable`).
+    column's pseudo-costs rest on 8 branchings; 0: none, `effort.Effort.reliable`).
     `restart=False`: HiGHS's `mip_allow_restart` off (no second presolve and root node after
     root reduced-cost fixing: [Note: no restart] in `solve.search`); `presolve=False`: HiGHS's
     presolve off (the same note)."""
