@@ -35,7 +35,7 @@ from shardsched.profile.analytic import analytic_profile
 from shardsched.solve.auto import auto_plan, least_memory_peak
 from shardsched.solve.baselines import uniform_baselines
 from shardsched.solve.ladder import ladder_plan
-from shardsched.solve.search import TENFOLD, Effort
+from shardsched.solve.effort import TENFOLD, Effort
 
 GiB = 1 << 30
 KW = dict(precision=Precision.BF16_MIXED, optimizer=Optimizer.ADAM)

@@ -20,14 +20,15 @@ import time
 from shardsched._fmt import fmt_bytes
 from shardsched.cost.device import Cluster
 from shardsched.errors import UsageError
-from shardsched.solve.baselines import Scored, uniform_baselines
+from shardsched.solve.baselines import Scored, score, uniform_baselines
 from shardsched.solve.candidates import Choice, Problem, candidate_problems, finest_problem
+from shardsched.solve.direct import direct_plan, plan_from_scenario
+from shardsched.solve.effort import CONTEND_UNITS, FULL_WINDOW_UNITS, Effort, ahead_for
 from shardsched.solve.greedy import least_memory
 from shardsched.solve.named import one_override_plans
-from shardsched.solve.search import (CONTEND_UNITS, FULL_WINDOW_UNITS, Effort, Search, ahead_for, local_polish,
-                                     search, with_baseline_groupings)
-from shardsched.plan.spec import StrategySpec, exact_spec
-from shardsched.core.types import Checkpoint, Optimizer, Plan, Precision, SolverInfo, Strategy
+from shardsched.solve.search import Search, local_polish, search, with_baseline_groupings
+from shardsched.plan.spec import StrategySpec, exact_spec, parse_strategy_spec
+from shardsched.core.types import Checkpoint, GradSync, Optimizer, Plan, Precision, SolverInfo, Strategy
 from shardsched.profile.types import Profile
 from shardsched.sim.memory import step_memory
 
@@ -67,9 +68,18 @@ def declared_space(profile: Profile, cluster: Cluster, *, spec: StrategySpec, pr
     # with the budget would break monotonicity.
     problems.append(finest_problem(profile, cluster, **kw)._replace(checkpointable=True))
     if accumulation:  # (K, GradSync): every schedule priced for K micro-batches per step
-        from shardsched.solve.batch import accumulating
         base, problems = accumulating(base, problems, accumulation)
     return base, with_baseline_groupings(problems, base, pins), pins
+
+
+def accumulating(base: list, problems: list, accumulation: tuple[int, GradSync]) -> tuple[list, list]:
+    """The auto planner's baselines and problems priced for K micro-batches per step
+    (`auto_search`): the Problems carry K and the mode into every scenario, the MILP rows and
+    greedy's evaluator (the micro-batch and K are chosen in `solve.batch`)."""
+    k, sync = accumulation
+    problems = [p._replace(accumulation=k, grad_sync=sync) for p in problems]
+    base = [score(s.name, s.problem._replace(accumulation=k, grad_sync=sync), s.choice) for s in base]
+    return base, problems
 
 
 def never_beaten(found: Search, profile: Profile, cluster: Cluster, *, pins: dict, precision: Precision,
@@ -131,8 +141,6 @@ def auto_plan(profile: Profile, cluster: Cluster, *, spec: StrategySpec, precisi
 def plan_of(found: Search, profile: Profile, *, base: list[Scored], problems: list[Problem], pins: dict,
             effort: Effort, memory_budget_bytes: int | None, precision: Precision, optimizer: Optimizer,
             t0: float) -> Plan:
-    from shardsched.solve.build import plan_from_scenario  # build imports us on demand
-
     best = found.best
     budget = memory_budget_bytes if memory_budget_bytes is not None else best.problem.cluster.device.memory_bytes
     solver = SolverInfo(name="highs" if best.name == "highs" else "greedy", status=found.status(),
@@ -169,11 +177,10 @@ def default_budget(profile: Profile, cluster: Cluster, *, precision: Precision, 
     everywhere can take (no prefetch): neither replicate nor shard_grad_op fits
     everywhere, so some units must be fully sharded while others need not be,
     and the plan shows the trade-off (the budget of `shardsched train`'s default)."""
-    from shardsched.solve.build import make_plan
-
     least = least_memory_peak(profile, cluster, precision=precision, optimizer=optimizer, accumulation=accumulation)
-    sgo = min(make_plan(profile, cluster, strategy="shard_grad_op", precision=precision, optimizer=optimizer,
-                        prefetch_ahead=0, fuse=fuse, accumulation=accumulation).predicted.peak_bytes
+    sgo = min(direct_plan(profile, cluster, parse_strategy_spec("shard_grad_op"), precision=Precision(precision),
+                          optimizer=Optimizer(optimizer), prefetch_ahead=0, fuse=fuse,
+                          accumulation=accumulation).predicted.peak_bytes
               for fuse in (True, False))
     return least + max(0, sgo - least) // 2
 

@@ -37,17 +37,6 @@ class BatchChoice(NamedTuple):
     plan: Plan | None
 
 
-def accumulating(base: list, problems: list, accumulation: tuple[int, GradSync]) -> tuple[list, list]:
-    """The auto planner's baselines and problems priced for K micro-batches per step
-    (`solve.auto.auto_search`): the Problems carry K and the mode into every scenario,
-    the MILP rows and greedy's evaluator."""
-    from shardsched.solve.baselines import score
-    k, sync = accumulation
-    problems = [p._replace(accumulation=k, grad_sync=sync) for p in problems]
-    base = [score(s.name, s.problem._replace(accumulation=k, grad_sync=sync), s.choice) for s in base]
-    return base, problems
-
-
 def divisors(n: int) -> list[int]:
     """Divisors of n, ascending."""
     small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]

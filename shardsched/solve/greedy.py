@@ -33,7 +33,7 @@ from shardsched.solve.replay import Replay
 
 PER_AG_HOIST_UNITS = 20
 """Above this many units, hoist all AllGathers together (see module docstring). 20, the
-MILP's size at scale 1 (`search.Effort`): on Llama-7B's 33-34 units per-AllGather hoisting
+MILP's size at scale 1 (`effort.Effort`): on Llama-7B's 33-34 units per-AllGather hoisting
 took 4-5x longer (3-17 s of a 10 s target) for the same plans (worlds 64 and 256)."""
 MIN_FIRST = (FS, FSN, HS, SGO, HSGO, REP)
 """Least persistent-plus-held memory first (upgrades only move right)."""

@@ -36,7 +36,8 @@ from shardsched.solve import milp
 from shardsched.solve.auto import InfeasibleBudget, auto_search, declared_space, infeasible_message, plan_of
 from shardsched.solve.greedy import least_memory
 from shardsched.solve.named import one_override_plans
-from shardsched.solve.search import Effort, Search, search
+from shardsched.solve.effort import Effort
+from shardsched.solve.search import Search, search
 
 RATIO = 2 ** (1 / 5)
 """Each rung is this much above the one below (15%)."""
