@@ -5,7 +5,7 @@ Per case, for the plan `shardsched plan` makes by default (one search at the bud
 process's CPU seconds: the machine is shared, and the search is one thread, HiGHS included, so
 CPU seconds are what an idle machine would take), status, the gap to the bound over the whole
 search space, and the ratio of the plan's step time to the plan of a 10x longer search at the
-budget (one search, 10x the work limit: `solve.search.TENFOLD`, 10x the nodes and MILPs on 10x
+budget (one search, 10x the work limit: `solve.effort.TENFOLD`, 10x the nodes and MILPs on 10x
 larger groupings).
 
     python bench/bench_plan_speed.py                 # every case, with the 10x runs (minutes)

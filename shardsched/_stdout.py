@@ -5,7 +5,7 @@ A native library (HiGHS 1.16 prints a "Running HiGHS ... Copyright" banner the f
 time a `Highs` object is made in a process) writes with C's stdio straight to file
 descriptor 1; swapping Python's `sys.stdout` does not reach it. So both guards below
 move descriptor 1 itself with `os.dup2`:
-- `native_quiet()` wraps the one call site that may chatter (solve/milp.py): the
+- `native_quiet()` wraps the one call site that may chatter (solve/milp/highs.py): the
   silence is at the source, for every command, `train`'s console included;
 - `document_stdout()` wraps a whole `--json` command (cli.main): descriptor 1 points
   at stderr while the command runs, and `sys.stdout` is a stream on the saved,

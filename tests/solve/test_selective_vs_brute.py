@@ -1,5 +1,5 @@
 """Selective checkpointing as a third choice per unit ([Note: three checkpointing modes in the
-MILP] in solve/milp.py): the MILP's memory rows, start times and greedy's evaluator equal the
+MILP] in solve/milp/costs.py): the MILP's memory rows, start times and greedy's evaluator equal the
 simulator on choices that mix none, full and selective, and the MILP equals brute force over
 strategies, launches and the three modes.
 
