@@ -150,6 +150,33 @@ PATHS = tuple(c._replace(model=LLAMA2_13B_HF, name=c.name + " as hf:")
 [Note: memory-bound work in analytic blocks] in profile/analytic.py)."""
 
 
+# Steps measured by `bench/gpu_check.py` on one NVIDIA H200 (torch 2.11.0+cu130, bf16-mixed, world 1
+# on NCCL, the median of 6 steps after a warm-up): TinyLlama-1.1B's shape (`gpu_check.LLAMA_1B`)
+# traced as `hf:`, uniform full_shard with no, full and selective checkpointing. The 1 x 2048 rows
+# are host-bound and `+sac` is bound by its dispatch modes: [Note: host time per op] in
+# plan/schedule.py, which brought these rows from 0.93-7.31x the prediction to within 15%.
+LLAMA_1B_HF = ("hf:llama,hidden_size=2048,intermediate_size=5632,num_hidden_layers=22,num_attention_heads=32,"
+               "num_key_value_heads=4,vocab_size=32000,max_position_embeddings=4096")
+H200_STEPS = (  # (micro-batch, seq, strategy, measured ms)
+    (1, 2048, "full_shard", 194.6), (1, 2048, "full_shard+ckpt", 283.4), (1, 2048, "full_shard+sac", 408.6),
+    (2, 4096, "full_shard", 197.3), (2, 4096, "full_shard+ckpt", 302.1), (2, 4096, "full_shard+sac", 417.6),
+    (4, 2048, "full_shard", 194.2), (4, 2048, "full_shard+ckpt", 266.6), (4, 2048, "full_shard+sac", 411.5),
+)
+
+
+def h200_step_ratios() -> list[tuple[str, float, float]]:
+    """(row, measured ms, predicted ms) of `H200_STEPS` on the h200 preset, planned as gpu_check plans."""
+    from shardsched.core.types import Precision
+    from shardsched.profile.resolve import profile_for
+    spec, device, out = parse_model_spec(LLAMA_1B_HF), DEVICES["h200"], []
+    for micro_batch, seq, strategy, measured in H200_STEPS:
+        prof = profile_for(spec, micro_batch=micro_batch, seq=seq, device=device, precision=Precision.BF16_MIXED)
+        plan = make_plan(prof, Cluster(world=1, gpus_per_node=1, device=device), strategy=strategy,
+                         precision="bf16-mixed")
+        out.append((f"{micro_batch} x {seq} {strategy}", measured, plan.predicted.step_seconds * 1e3))
+    return out
+
+
 def profile_of(cfg: Published, device: DeviceSpec):
     """The row's profile: analytic for a `gpt:` spec, traced on the meta device for `hf:`."""
     spec = parse_model_spec(cfg.model)
@@ -284,6 +311,12 @@ def main() -> int:
               + ("" if MEMORY_RANGE[0] <= ratio <= MEMORY_RANGE[1] else "  <-- outside 85-100%"))
     print("(GiB; reserved: published peak reserved; allocated: the plan's peak; predicted: + the previous step's "
           "sharded gradients, [Note: reserved at scale]; tok/s on 96 GB 500 W H100s, not asserted)")
+    print(f"\n{'device':6s} {'Llama 1.1B (hf:) at world 1, measured by gpu_check':54s} {'measured':>9s} "
+          f"{'predicted':>9s} {'ratio':>6s}")
+    for row, measured, pred in h200_step_ratios():
+        ok &= abs(measured / pred - 1) <= TOLERANCE
+        print(f"{'h200':6s} {row:54s} {measured:9.1f} {pred:9.1f} {measured / pred:6.3f}")
+    print("(step ms: measured / predicted)")
     print("all within 15%" if ok else "some configurations are off by more than 15%")
     return 0 if ok else 1
 

@@ -104,7 +104,7 @@ def quick_setup(device: str) -> Setup:
     # fp32 on CPU. With torch >= 2.12 FSDP2 casts a unit's inputs again in a recomputation
     # (pytorch/pytorch#182580), inside selective checkpointing's replay, which refused the
     # profiler range it did not record in forward: bf16-mixed + `+sac` failed there until
-    # `runtime.sac` had SAC ignore profiler ranges ([Note: profiler ranges in a selective
+    # `core.sac_policy` had SAC ignore profiler ranges ([Note: profiler ranges in a selective
     # recomputation]; tests/runtime/test_sac_policy.py). It runs now, but this tiny model's
     # plain bf16 rows on CPU are 12% under their plans, beyond the test's 10%. On a GPU
     # (`--quick` as a smoke test) bf16-mixed, as the full run.
@@ -198,11 +198,12 @@ def calibrate(*, mesh, device: torch.device, dtype: torch.dtype, repeats: int) -
     compute = cal.time_compute(device=device, dtype=dtype, repeats=repeats)
     optimizer = cal.time_optimizer(device=device, repeats=repeats)
     overhead = cal.time_unit_overhead(mesh=mesh, device=device, repeats=repeats)
+    op_host = cal.time_op_host(device=device, repeats=repeats)
     preset = DEVICES[cal.machine_preset()]
     at_rest = state_bytes(Precision.FP32, Optimizer.ADAM).at_rest
     got = cal.fitted_device(preset, samples=[], compute=compute, optimizer=optimizer,
                             unit_overhead=overhead.per_unit, tensor_overhead=overhead.per_tensor, world=1,
-                            state_bytes_at_rest=at_rest)
+                            state_bytes_at_rest=at_rest, op_host=op_host)
     scale = at_scale(device=device, dtype=dtype, repeats=repeats, peak_flops=preset.peak_flops,
                      state_bytes_at_rest=at_rest)
     return Calibrated(preset=preset, device=got.device, fit=got.fit, seconds=time.perf_counter() - t0,
@@ -245,6 +246,10 @@ def calibration_rows(c: Calibrated) -> list[tuple[str, str, str, str]]:
          f"{c.device.unit_overhead_seconds * 1e3:.3f}", ""),
         ("FSDP2 host time per tensor (ms)", f"{c.preset.tensor_overhead_seconds * 1e3:.3f}",
          f"{c.device.tensor_overhead_seconds * 1e3:.3f}", ""),
+        *[(f"host time per operator, {what} (us)", f"{getattr(c.preset, field) * 1e6:.1f}",
+           f"{getattr(c.device, field) * 1e6:.1f}", "")
+          for what, field in (("plain", "op_host_seconds"), ("recomputed", "recompute_op_host_seconds"),
+                              ("+sac", "sac_op_host_seconds"))],
     ]
 
 

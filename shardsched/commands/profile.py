@@ -59,13 +59,16 @@ def _calibrate_worker(ctx, base: str, repeats: int, out: str) -> None:
     alone, _ = dist.new_subgroups(group_size=1)  # collective: every rank gets its own group of one
     overhead = cal.time_unit_overhead(mesh=DeviceMesh.from_group(alone, device.type), device=device,
                                       repeats=repeats)
-    mine = [[[s.kind.value, s.nbytes, s.seconds] for s in samples], compute, list(optimizer), list(overhead)]
-    samples_, compute, optimizer, overhead = cal.slowest_rank(mine, group=group)
+    op_host = cal.time_op_host(device=device, repeats=repeats)
+    mine = [[[s.kind.value, s.nbytes, s.seconds] for s in samples], compute, list(optimizer), list(overhead),
+            list(op_host)]
+    samples_, compute, optimizer, overhead, op_host = cal.slowest_rank(mine, group=group)
     if ctx.rank != 0:
         return
     samples = [cal.Sample(kind=cal.Collective(k), nbytes=n, seconds=t) for k, n, t in samples_]
     calib = cal.fitted_device(DEVICES[base], samples=samples, compute=compute, optimizer=tuple(optimizer),
                               unit_overhead=overhead[0], tensor_overhead=overhead[1], world=ctx.world,
+                              op_host=cal.HostPerOp(*op_host),
                               state_bytes_at_rest=state_bytes(Precision.FP32, Optimizer.ADAM).at_rest)
     atomic_write(out, cluster_file_text(calib.device, fit=calib.fit) + "\n")
 
@@ -108,4 +111,7 @@ def print_fit(device, fit: dict, *, out: str) -> None:
     table.add_row("optimizer step: memory bandwidth", f"{device.memory_bandwidth / 1e9:.2f} GB/s", "")
     table.add_row("FSDP2 host time per unit", f"{device.unit_overhead_seconds * 1e3:.2f} ms", "")
     table.add_row("FSDP2 host time per parameter tensor", f"{device.tensor_overhead_seconds * 1e3:.3f} ms", "")
+    table.add_row("host time per operator: plain / recomputed / +sac",
+                  " / ".join(f"{v * 1e6:.1f}" for v in (device.op_host_seconds, device.recompute_op_host_seconds,
+                                                       device.sac_op_host_seconds)) + " us", "")
     console().print(table)

@@ -30,12 +30,14 @@ Not taken: `aten.max.default` (kept for float8 scaling; no float8 here), the CUD
 `+sac-all` keeps every matmul's output (what `+sac` was before issue 28): more memory, less
 recomputation. The profiler (`profile.trace`) runs the same `Policy` objects, so the
 planner's model of what a selective layer keeps and recomputes is these policies'. They live
-here, below both, so the profiler and the runtime (`runtime.sac`, which hands them to
-`create_selective_checkpoint_contexts`) read one definition.
+here, below both, with the contexts that hand them to `create_selective_checkpoint_contexts`
+(`selective_contexts`), so the profiler, the calibration and the runtime read one definition.
 """
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from shardsched.core.types import Checkpoint
 
@@ -119,3 +121,38 @@ MODES = (Checkpoint.SELECTIVE, Checkpoint.SELECTIVE_ALL)
 def saves(func) -> bool:
     """Whether an op is among those either policy may keep (stateless: `+sac-all`'s answer)."""
     return _packet(func) in SAVED
+
+
+def _profiler_ops() -> set:
+    ops = set()
+    for name in ("_record_function_enter", "_record_function_enter_new", "_record_function_exit"):
+        packet = getattr(torch.ops.profiler, name, None)
+        for overload in (packet.overloads() if packet is not None else ()):
+            ops.add(getattr(packet, overload))
+    return ops
+
+
+# [Note: profiler ranges in a selective recomputation]
+# On torch 2.13, bf16-mixed `+sac` failed in backward with "profiler._record_function_enter_new
+# ... encountered during backward but not found in storage" (pytorch/pytorch#182580; torch 2.11
+# ran it): in recomputation FSDP2's pre-forward hook runs inside the checkpointed region and
+# opens a `record_function` range around casting the inputs (`FSDPState._cast_forward_inputs`,
+# a no-op on inputs already in bf16), which the original forward ran outside SAC's caching
+# mode, and 2.13's cached mode refuses any op it has no entry for. A profiler range is a
+# marker, not a result: its ops join SAC's own ignored set (`SAC_IGNORED_OPS`, which already
+# holds detach and the like), so both modes run them as they come.
+_ignored = getattr(torch.utils.checkpoint, "SAC_IGNORED_OPS", None)
+if isinstance(_ignored, set):
+    _ignored.update(_profiler_ops())
+
+
+def selective_contexts(mode: Checkpoint = Checkpoint.SELECTIVE):
+    """(forward context, recompute context) of selective checkpointing under `mode`'s policy,
+    for one call of the checkpointed module: forward and recomputation count their own mms."""
+    forward, recompute = Policy(mode), Policy(mode)
+
+    def policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
+        p = recompute if ctx.is_recompute else forward
+        return CheckpointPolicy.MUST_SAVE if p.saves(func) else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)

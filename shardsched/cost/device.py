@@ -42,15 +42,26 @@ class DeviceSpec:
     """Bytes/s of device memory: the optimizer step is bound by it."""
     unit_overhead_seconds: float = 0.0
     """Host time FSDP2 spends per unit per step (hooks, copy-in/out, DTensor
-    dispatch in the optimizer). Hidden behind asynchronous kernels on GPUs; on
-    CPU it is paid in line: ~3 ms per unit measured here (tiny GPT, 6 units,
-    world 1: 67 ms per step under fully_shard vs 49 ms plain)."""
+    dispatch in the optimizer). On GPUs hidden behind asynchronous kernels unless the host is
+    the slower ([Note: host time per op] in plan/schedule.py); on CPU it is paid in line:
+    ~3 ms per unit measured here (tiny GPT, 6 units, world 1: 67 ms per step under
+    fully_shard vs 49 ms plain)."""
     tensor_overhead_seconds: float = 0.0
     """Host time FSDP2 spends per parameter tensor per step, beyond `unit_overhead_seconds`:
     the optimizer steps DTensors, and every foreach op dispatches through DTensor per
     tensor (AdamW on this 2-core CPU: ~0.4 ms per tensor against ~0.1 ms on plain
     tensors; a tiny GPT's 53 tensors cost 27 ms against 6 ms). Measured by `shardsched
-    profile`; 0 on the presets (GPU hosts run ahead of their kernels)."""
+    profile`; on GPUs, as `unit_overhead_seconds`, hidden unless the host is the slower."""
+    op_host_seconds: float = 0.0
+    """Host time per forward operator of a layer, for its forward and its backward together,
+    beyond what the compute time prices ([Note: host time per op] in plan/schedule.py): Python
+    and dispatch per op, kernel launches. 0 on CPUs, whose fitted efficiencies include it."""
+    recompute_op_host_seconds: float = 0.0
+    """Host time per forward operator a checkpointed layer recomputes in its backward."""
+    sac_op_host_seconds: float = 0.0
+    """Host time per forward operator that selective checkpointing adds beyond a recomputation:
+    its caching and cached dispatch modes (`torch.utils.checkpoint`) run every operator of the
+    layer's forward and recomputation through Python."""
     efficiency: dict[str, float] = field(default_factory=dict)
     """Fraction of `peak_flops` reached per op class ("matmul", "attention", ...),
     as fitted on a machine by `shardsched profile`; a class not listed runs at `mfu`."""
@@ -104,6 +115,17 @@ MiB = 1 << 20
 # NVIDIA/nccl#964; nccl-tests keeps 1 GiB free, NVIDIA/nccl-tests#220).
 GPU_HEADROOM = dict(headroom_fraction=0.05, headroom_bytes=1 * GiB)
 
+# Host time of the GPU presets (`DeviceSpec.*_seconds`; [Note: host time per op] in
+# plan/schedule.py), measured on one NVIDIA H200's host (torch 2.11.0+cu130): one HF
+# LlamaDecoderLayer (76 forward operators) at 256 tokens, where its kernels take no time, ran
+# forward and backward in 5.10 ms of host time, 8.09 ms checkpointed and 13.57 ms under
+# selective checkpointing (`+sac`); FSDP2's host work `bench/gpu_check.py`'s calibration
+# fitted at 1.30 ms per unit and 0.111 ms per parameter tensor. The same host figures stand
+# for every GPU: hosts differ; `shardsched profile` measures its own.
+GPU_HOST = dict(op_host_seconds=5.10e-3 / 76, recompute_op_host_seconds=(8.09e-3 - 5.10e-3) / 76,
+                sac_op_host_seconds=(13.57e-3 - 8.09e-3) / 76, unit_overhead_seconds=1.30e-3,
+                tensor_overhead_seconds=0.111e-3)
+
 # SMs an NCCL collective holds, over the part's SMs (`DeviceSpec.comm_sm_share`): an H100
 # AllGather launched 24 blocks on 132 SMs (NVIDIA developer forum, "Compute-Communication Overlap
 # Causes Severe GEMM Performance Degradation because of Tail Effect"); "on DGX with 8 NICs ... it
@@ -121,26 +143,29 @@ DEVICES: dict[str, DeviceSpec] = {
     # the host's allocator has no context or communicator buffers of this kind.
     "cpu": DeviceSpec(name="cpu", peak_flops=100e9, mfu=0.5, memory_bytes=24 * GiB, overlap=False,
                       unit_overhead_seconds=3e-3,
+                      # selective checkpointing's dispatch modes: a tiny HF LlamaDecoderLayer (73
+                      # operators) took 1.33 ms checkpointed and 2.62 ms under `+sac` here
+                      sac_op_host_seconds=(2.62e-3 - 1.33e-3) / 73,
                       intra=Link(alpha_seconds=50e-6, bandwidth=2e9),
                       inter=Link(alpha_seconds=0.235e-3, bandwidth=98e6),
                        memory_bandwidth=10e9),
     # V100 SXM2 32GB: 125 TFLOP/s fp16, NVLink2 ~130 GB/s algbw, 100 Gb/s IB per GPU; nvidia-smi
     # shows 32510 MiB. No public FSDP measurement used: one mfu.
-    "v100": DeviceSpec(name="v100", peak_flops=125e12, mfu=0.35, memory_bytes=32510 * MiB, **GPU_HEADROOM,
+    "v100": DeviceSpec(name="v100", peak_flops=125e12, mfu=0.35, memory_bytes=32510 * MiB, **GPU_HEADROOM, **GPU_HOST,
                        intra=Link(alpha_seconds=25e-6 / 7, bandwidth=130e9),
                        inter=Link(alpha_seconds=5e-6, bandwidth=11e9),
                        memory_bandwidth=900e9),
     # A100 SXM4 80GB: 312 TFLOP/s bf16, NVLink3 ~230 GB/s algbw, 200 Gb/s HDR IB per GPU;
     # 81049 MiB total global memory (an A100 80GB's cudaDeviceProp, ekondis/mixbench#47).
     "a100": DeviceSpec(name="a100", peak_flops=312e12, mfu=0.4, efficiency={"matmul": 0.70, "attention": 0.33},
-                       memory_bytes=81049 * MiB, **GPU_HEADROOM, comm_sm_share=A100_NCCL_SMS,
+                       memory_bytes=81049 * MiB, **GPU_HEADROOM, **GPU_HOST, comm_sm_share=A100_NCCL_SMS,
                        intra=Link(alpha_seconds=25e-6 / 7, bandwidth=230e9),
                        inter=Link(alpha_seconds=5e-6, bandwidth=22e9),
                        memory_bandwidth=2.0e12),
     # H100 SXM 80GB: 989 TFLOP/s bf16; NVSwitch AllGather ~30 us, ~394 GB/s algbw (nccl-tests);
     # 400 Gb/s NDR IB per GPU; torch reports total_memory=81089MB (MiB) for 'NVIDIA H100 80GB HBM3'.
     "h100": DeviceSpec(name="h100", peak_flops=989e12, mfu=0.4, efficiency={"matmul": 0.53, "attention": 0.16},
-                       memory_bytes=81089 * MiB, **GPU_HEADROOM, comm_sm_share=H100_NCCL_SMS,
+                       memory_bytes=81089 * MiB, **GPU_HEADROOM, **GPU_HOST, comm_sm_share=H100_NCCL_SMS,
                        intra=Link(alpha_seconds=30e-6 / 7, bandwidth=394e9),
                        inter=Link(alpha_seconds=5e-6, bandwidth=45e9),
                        memory_bandwidth=3.35e12),
@@ -148,7 +173,7 @@ DEVICES: dict[str, DeviceSpec] = {
     # links and efficiencies: no public bf16 FSDP measurement on H200 was found; torchtitan's
     # H200 benchmark runs Float8), HBM3e at 4.8 TB/s; torch reports total_memory=143156MB (MiB).
     "h200": DeviceSpec(name="h200", peak_flops=989e12, mfu=0.4, efficiency={"matmul": 0.53, "attention": 0.16},
-                       memory_bytes=143156 * MiB, **GPU_HEADROOM, comm_sm_share=H100_NCCL_SMS,
+                       memory_bytes=143156 * MiB, **GPU_HEADROOM, **GPU_HOST, comm_sm_share=H100_NCCL_SMS,
                        intra=Link(alpha_seconds=30e-6 / 7, bandwidth=394e9),
                        inter=Link(alpha_seconds=5e-6, bandwidth=45e9),
                        memory_bandwidth=4.8e12),

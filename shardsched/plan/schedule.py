@@ -62,17 +62,40 @@ def optimizer_seconds_per_param(sb, cluster: Cluster) -> float:
     return sb.at_rest * 2 / cluster.device.memory_bandwidth
 
 
-def with_host_overhead(c, cluster: Cluster):
-    """A unit's cost plus FSDP2's host work on it (per unit, and per parameter tensor:
-    `DeviceSpec.tensor_overhead_seconds`), split over its forward and its backward. In
-    the units' compute, not the optimizer's, so the MILP (which reads these seconds)
-    and the simulator price it alike."""
+# [Note: host time per op]
+# The host dispatches every operator of a layer's forward and backward (Python, the dispatcher,
+# a kernel launch) and FSDP2's hooks per unit and per parameter tensor. On a CPU it is the
+# device, and the time is paid in line: compute + host. A GPU's kernels run asynchronously, so
+# the host hides behind them until it is the slower: each unit's forward, backward and
+# recomputation take max(kernels, host). Measured on one H200 (`cost.device.GPU_HOST`): a
+# Llama layer's 76 forward operators cost 5.1 ms of host time forward and backward, more than
+# its kernels at 1 x 2048 tokens (the 1.1B model's steps there ran 3.9x the kernels' time),
+# and selective checkpointing's dispatch modes add 5.5 ms (its steps ran 1.8-2.0x the
+# kernels' time at 8K-16K tokens, slower than full checkpointing). Per forward operator
+# (`UnitCost.forward_ops`): a third of `op_host_seconds` in forward, two thirds in backward
+# (autograd runs about two operators per forward one); `recompute_op_host_seconds` per
+# recomputed operator, plus `sac_op_host_seconds` when selective (counted with the
+# recomputation: the step's total is the same). DDP pays no FSDP2 host work.
+FORWARD_HOST_SHARE = 1 / 3
+
+
+def with_host_overhead(c, cluster: Cluster, *, fsdp: bool = True):
+    """A unit's cost with the host's time on it ([Note: host time per op]): FSDP2's per unit
+    and per parameter tensor (`fsdp`), split over its forward and backward, and per operator.
+    In the units' compute, not the optimizer's, so the MILP (which reads these seconds) and
+    the simulator price it alike."""
     dev = cluster.device
-    half = (dev.unit_overhead_seconds + dev.tensor_overhead_seconds * len(c.dims)) / 2
-    if not half:
+    half = (dev.unit_overhead_seconds + dev.tensor_overhead_seconds * len(c.dims)) / 2 if fsdp else 0.0
+    ops = c.forward_ops * dev.op_host_seconds
+    host_f, host_b = half + ops * FORWARD_HOST_SHARE, half + ops * (1 - FORWARD_HOST_SHARE)
+    host_r = c.forward_ops * (dev.recompute_op_host_seconds + (dev.sac_op_host_seconds if c.selective else 0.0))
+    if not (host_f or host_b or host_r):
         return c
-    return dataclasses.replace(c, forward_seconds=c.forward_seconds + half,
-                               backward_seconds=c.backward_seconds + half)
+    join = max if dev.overlap else (lambda kernels, host: kernels + host)
+    # full checkpointing recomputes the forward as priced (None) unless the host prices it apart
+    rec = join(c.recompute(), host_r) if host_r or c.recompute_seconds is not None else None
+    return dataclasses.replace(c, forward_seconds=join(c.forward_seconds, host_f),
+                               backward_seconds=join(c.backward_seconds, host_b), recompute_seconds=rec)
 
 
 def optimizer_scalar_bytes(costs, optimizer, cluster: Cluster) -> int:
@@ -100,9 +123,7 @@ def make_scenario(costs, strategies, fwd, bwd, *, plan: Plan | None = None, prof
     # A plan DDP runs (`Scenario.on_ddp`) pays none of FSDP2's host work. The MILP prices
     # every choice with it; `auto` still picks an all-replicate plan when it is fastest,
     # since its final choice is by the simulator.
-    if sc.on_ddp:
-        return sc
-    return dataclasses.replace(sc, units=tuple(with_host_overhead(c, cluster) for c in sc.units))
+    return dataclasses.replace(sc, units=tuple(with_host_overhead(c, cluster, fsdp=not sc.on_ddp) for c in sc.units))
 
 
 def units_with_schedule(sc: Scenario) -> tuple[Unit, ...]:

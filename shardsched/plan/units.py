@@ -301,7 +301,7 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
             for k, (b, layer) in enumerate(zip(cost.layer_bytes, layers))))
         last = len(layers) - 1
         held = held_in_unit(layers, last, mode=mode) - held_in_unit(layers, last)
-        return dataclasses.replace(cost, recompute_seconds=recompute, outside_input_bytes=(
+        return dataclasses.replace(cost, recompute_seconds=recompute, selective=True, outside_input_bytes=(
             layers[-1].selective_outside_input_bytes if cost.outside_workspace_bytes else 0),
                                    checkpointed_lead_bytes=cost.checkpointed_lead_bytes - last_extra + held)
     names = tuple(layer.name for layer in layers)
@@ -311,6 +311,7 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
                     frozen_params=sum(layer.frozen_params for layer in layers),
                     forward_seconds=sum(layer.forward_seconds for layer in layers),
                     backward_seconds=sum(layer.backward_seconds for layer in layers),
+                    forward_ops=sum(layer.forward_ops for layer in layers),
                     activation_bytes=sum(layer.activation_bytes for layer in layers),
                     # live when its last module gathers again (`sim.memory`): what the others
                     # saved, and the last one's input

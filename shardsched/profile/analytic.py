@@ -263,6 +263,30 @@ RESIDUAL_ELEMENTS = 6
 """Elements per token per unit of hidden the block's two residual adds move in forward."""
 
 
+# [Note: operators per layer in analytic profiles]
+# The host's time is priced per dispatched operator ([Note: host time per op] in
+# plan/schedule.py), so an analytic layer carries the count a trace of the same module gets
+# (`LayerProfile.forward_ops`; tests/profile/test_analytic.py checks them against it): a norm 2
+# (layer norm, or RMSNorm where `_fused_rmsnorm`) or 7 (the composite RMSNorm), attention 19
+# (qkv and output projections, SDPA, the layout views), GELU MLP 10, SwiGLU 15, a block's
+# residual adds and views 3, the embedding 1 (4 with learned positions), the head its norm
+# plus 12 (its projection and cross-entropy). A spec without learned positions stands for a
+# rotary model (Llama), whose attention (HF's LlamaAttention with its rotary embedding,
+# traced) dispatches 24 operators more.
+ROTARY_OPS = 24
+
+
+def _forward_ops(cfg: GPTConfig, kind: str, fused_rms: bool) -> int:
+    """`LayerProfile.forward_ops` of a top-level layer ([Note: operators per layer in analytic profiles])."""
+    norm = 2 if cfg.norm != "rmsnorm" or fused_rms else 7
+    if kind == "embed":
+        return 4 if cfg.learned_pos else 1
+    if kind == "head":
+        return norm + 12
+    attn = 19 + (0 if cfg.learned_pos else ROTARY_OPS)
+    return 2 * norm + attn + (15 if cfg.mlp == "swiglu" else 10) + 3
+
+
 def _block(ctx: _Ctx, prefix: str, shapes: dict[str, Shapes]) -> LayerProfile:
     """2 * params * tokens per child (norms included, negligible) + causal attention's 2*b*s^2*h,
     and the memory-bound ops' bytes at the device's bandwidth ([Note: memory-bound work in
@@ -412,6 +436,8 @@ def analytic_profile(config: GPTConfig, *, micro_batch: int, seq: int, device: D
     blocks = [_renamed(block0, "blocks.0", f"blocks.{i}") for i in range(config.layers)]
     layers = tuple(_with_dims(layer, children[layer.name if not layer.name.startswith("blocks.") else "blocks.0"])
                    for layer in (_embed(ctx, children["embed"]), *blocks, _head(ctx, children["head"])))
+    layers = tuple(dataclasses.replace(layer, forward_ops=_forward_ops(
+        config, layer.name if layer.name in ("embed", "head") else "block", ctx.fused_rms)) for layer in layers)
     return Profile(model=name or "gpt", layers=layers, fingerprint=fingerprint_of_shapes(gpt_param_shapes(config)),
                    compute_dtype=compute_dtype, micro_batch=micro_batch, seq=seq,
                    input_bytes=2 * 8 * micro_batch * seq, source="analytic",

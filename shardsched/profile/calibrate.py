@@ -16,7 +16,9 @@ sharing cores and memory bandwidth. Measured, then fitted:
 * FSDP2's host time per unit (`DeviceSpec.unit_overhead_seconds`): the same
   stack of small layers as one plain module and as one `fully_shard` unit per
   layer, on a group of one worker (its collectives are copies, so the
-  difference is FSDP2's own work), divided by the number of layers.
+  difference is FSDP2's own work), divided by the number of layers;
+* the host's time per operator (`DeviceSpec.op_host_seconds` and the two after it): one
+  small block plain, checkpointed and under `+sac`, per operator its forward dispatches.
 
 Every timing is the median of `repeats` after one warm-up (what a step usually
 meets; see typical()); each rank measures at once, and the slowest rank's
@@ -56,6 +58,10 @@ CUDA_ELEMENTWISE = (1 << 24, 1 << 25, 1 << 26)
 CUDA_OPTIMIZER_PARAMS = 1 << 27
 """AdamW parameters timed on a GPU (128M: 2 GiB of fp32 state; 1M there fitted 77 GB/s on an
 H200, 256M 1391 GB/s)."""
+OP_HOST_WARMUP, OP_HOST_REPEATS = 5, 21
+"""Calls before and in the timing of `time_op_host`: selective checkpointing's first calls in
+a process take ~1 s (its dispatch modes warm up) and the next few are erratic (2.5-110 ms
+for one small block here)."""
 OVERHEAD_LAYERS = 8
 """Layers (one unit each) of the model that measures FSDP2's per-unit host time."""
 
@@ -301,6 +307,55 @@ def _step_and_optimizer(model: torch.nn.Module, *, width: int, device: torch.dev
     return whole, alone
 
 
+class HostPerOp(NamedTuple):
+    """Host seconds per forward operator of a layer (`DeviceSpec.op_host_seconds` and the two
+    after it; [Note: host time per op] in plan/schedule.py)."""
+
+    plain: float
+    recompute: float
+    selective: float
+
+
+def time_op_host(*, device: torch.device, repeats: int = 5) -> HostPerOp:
+    """A small Llama-style block (the project's GPT block: RMSNorm, SwiGLU) at 16 tokens, where
+    its kernels take no time, forward and backward plain, checkpointed and under `+sac`, per
+    forward operator it dispatches. On a CPU the host is the device and the fitted efficiencies
+    price the plain and recomputed operators already: only selective checkpointing's own
+    dispatch is kept."""
+    from torch.utils.checkpoint import checkpoint
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from shardsched.core.types import Checkpoint
+    from shardsched.models.gpt import Block
+    from shardsched.models.gpt_config import GPTConfig
+    from shardsched.core.sac_policy import selective_contexts
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    block = Block(GPTConfig(hidden=64, heads=4, norm="rmsnorm", mlp="swiglu", bias=False)).to(device)
+    x = torch.randn(1, 16, 64, device=device, requires_grad=True)
+    with Count():
+        block(x)
+    runs = {"plain": lambda: block(x), "ckpt": lambda: checkpoint(block, x, use_reentrant=False),
+            "sac": lambda: checkpoint(block, x, use_reentrant=False, context_fn=selective_contexts)}
+    t = {}
+    for k, f in runs.items():
+        step = lambda f=f: f().sum().backward()  # noqa: E731
+        for _ in range(OP_HOST_WARMUP):
+            step()
+        t[k] = typical(step, repeats=max(repeats, OP_HOST_REPEATS), sync=_syncer(device)) / Count.ops
+    selective = max(0.0, t["sac"] - t["ckpt"])
+    if device.type != "cuda":
+        return HostPerOp(plain=0.0, recompute=0.0, selective=selective)
+    return HostPerOp(plain=t["plain"], recompute=max(0.0, t["ckpt"] - t["plain"]), selective=selective)
+
+
 # ---------------------------------------------------------------- the whole calibration
 
 class Calibration(NamedTuple):
@@ -312,7 +367,7 @@ class Calibration(NamedTuple):
 
 def fitted_device(base: DeviceSpec, *, samples: Sequence[Sample], compute: dict, optimizer: tuple[int, float],
                   unit_overhead: float, world: int, state_bytes_at_rest: int,
-                  tensor_overhead: float = 0.0) -> Calibration:
+                  tensor_overhead: float = 0.0, op_host: HostPerOp | None = None) -> Calibration:
     """`base` with every measured figure replaced (the inter-node link stays the
     base's: one node cannot measure it). Pure: the numbers in, the spec out."""
     fits = {c: fit_efficiency([f for f, _ in v], [t for _, t in v], peak_flops=base.peak_flops)
@@ -321,8 +376,12 @@ def fitted_device(base: DeviceSpec, *, samples: Sequence[Sample], compute: dict,
     changes = dict(efficiency={c: f.efficiency for c, f in fits.items()}, mfu=fits["matmul"].efficiency,
                    memory_bandwidth=2 * state_bytes_at_rest * params / seconds,
                    unit_overhead_seconds=unit_overhead, tensor_overhead_seconds=tensor_overhead)
+    if op_host is not None:
+        changes.update(op_host_seconds=op_host.plain, recompute_op_host_seconds=op_host.recompute,
+                       sac_op_host_seconds=op_host.selective)
     report = {"compute": {c: f._asdict() for c, f in fits.items()}, "world": world,
-              "optimizer": {"params": params, "seconds": seconds}, "unit_overhead_seconds": unit_overhead, "tensor_overhead_seconds": tensor_overhead,
+              "optimizer": {"params": params, "seconds": seconds}, "unit_overhead_seconds": unit_overhead,
+              "tensor_overhead_seconds": tensor_overhead, "op_host_seconds": op_host._asdict() if op_host else None,
               "inter": "the base preset's (not measured: one node)"}
     if world > 1:
         link = fit_link(samples, world=world)

@@ -222,6 +222,7 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: Stats, device: DeviceS
         frozen_params=L.frozen_numel(params),
         forward_seconds=device.compute_seconds(fwd) + st.moved["fwd"].get(name, 0) / bw,
         backward_seconds=device.compute_seconds(bwd) + st.moved["bwd"].get(name, 0) / bw,
+        forward_ops=st.ops.get(name, 0),
         activation_bytes=st.acts.get(name, 0),
         workspace_bytes=_workspace(name, params, st),
         outside_workspace_bytes=outside_workspace(st.outside_largest.get(name, 0)) if name != L.ROOT else 0,

@@ -43,12 +43,19 @@ def _grouped_mm_flops(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
 # the full score matrix, these the triangle a causal kernel computes (`profile.attention_flops`).
 _CUSTOM = {**CAUSAL_SDPA_FORMULAS, _aten._grouped_mm: _grouped_mm_flops}
 
+def _metadata_query(packet) -> bool:
+    """`prim::device` and its kind: a fake tensor answers `t.device` through the dispatcher;
+    a real one never dispatches it, so it is no op the host launches."""
+    return getattr(packet, "_qualified_op_name", "").startswith("prim::")
+
+
 class Stats:
     """Per key (a layer or child path): what its forward and backward cost."""
 
     def __init__(self):
         self.flops = {ph: defaultdict(lambda: defaultdict(float)) for ph in ("fwd", "bwd")}
         self.moved = {ph: defaultdict(int) for ph in ("fwd", "bwd")}
+        self.ops: dict[str, int] = defaultdict(int)  # forward ops dispatched, `LayerProfile.forward_ops`
         self.acts: dict[str, int] = defaultdict(int)
         self.aliased: set[str] = set()  # modules given one tensor at two arguments: [Note: inputs passed twice]
         self.workspace: dict[str, int] = defaultdict(int)  # measured, `profile.workspace`
@@ -223,6 +230,9 @@ class FlopCounter(fc.FlopCounterMode):
         selective = phase == "fwd" and not self.tracer.outside()  # code a selective layer runs
         if phase == "fwd" and not selective:
             self._sac_read_outside(L.tensors_in((args, kwargs)))
+        if phase == "fwd" and not _metadata_query(func_packet):
+            for k in keys:
+                st.ops[k] += 1
         recomputed = []  # the policies that recompute it
         for sc in st.sac.values():
             if selective and sc.policy.saves(func_packet):

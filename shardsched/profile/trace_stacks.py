@@ -84,7 +84,7 @@ def expand(tracer: Tracer, full: list[str], kids: list[str], stacks) -> None:
     """Give every entry 2..n-1 the stats of the traced entry that stands for it."""
     st = tracer.stats
     targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
-    plain = (st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
+    plain = (st.ops, st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
              st.forward_nosave, st.entry, st.exit, st.output, st.recall, st.bucketed,
              st.outside_kept, st.input_saved, st.input_saved_before, st.input_saved_outside,
              *(d for sc in st.sac.values() for d in (sc.saved, sc.moved, sc.forward, sc.outside)))
@@ -133,6 +133,7 @@ def fold(stats: Stats, ran: list[str], final: list[str]) -> None:
             for c, f in stats.flops[ph].pop(k, {}).items():
                 stats.flops[ph][target][c] += f
             stats.moved[ph][target] += stats.moved[ph].pop(k, 0)
+        stats.ops[target] += stats.ops.pop(k, 0)
         # Its module is not the target's, so checkpointing the target does not recompute it
         # (nor does selective checkpointing store its outputs).
         for sc in stats.sac.values():

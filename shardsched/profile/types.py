@@ -30,6 +30,10 @@ class LayerProfile:
     """Forward compute time for one micro-batch."""
     backward_seconds: float
     """Backward compute time for one micro-batch (about 2x forward for matmuls)."""
+    forward_ops: int = 0
+    """Operators its forward dispatches (aten ops, as a `TorchDispatchMode` and selective
+    checkpointing see them): the unit of the host's time per op ([Note: host time per op] in
+    plan/schedule.py). 0 = unknown (no host time priced)."""
     activation_bytes: int
     """Bytes the layer's forward keeps alive for its backward (saved tensors)."""
     workspace_bytes: int = 0

@@ -3,7 +3,7 @@
 Steps, in this fixed order (as torchtitan's parallelize_* functions):
 1. check the plan belongs to this model and this world (and that the world is
    whole nodes when the plan uses node-aware strategies);
-2. activation checkpointing (full, or selective: `runtime.sac`) of every layer of a
+2. activation checkpointing (full, or selective: `core.sac_policy`) of every layer of a
    checkpointed unit, before
    `fully_shard` (torchtitan's order), with PyTorch's composable
    `torch.distributed._composable.checkpoint`: it works by forward hooks, so module
@@ -43,7 +43,7 @@ from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.layers import tied_sets
 from shardsched.runtime.ddp import finds_unused, replicate_with_ddp, runs_on_ddp
 from shardsched.runtime.gloo import settle_gloo_all_gathers
-from shardsched.runtime.sac import selective_contexts
+from shardsched.core.sac_policy import selective_contexts
 from shardsched.runtime.scalars import average_scalar_grads, scalar_params
 
 
@@ -143,7 +143,7 @@ def _both(first, second):
 
 def _contexts(module: nn.Module, mode: Checkpoint):
     """checkpoint's `context_fn`: statistics kept during recomputation; selective: the
-    policy's contexts too (`runtime.sac`), the statistics context around its recompute one."""
+    policy's contexts too (`core.sac_policy`), the statistics context around its recompute one."""
     if mode.selective:
         def selective():
             forward, recompute = selective_contexts(mode)

@@ -92,6 +92,12 @@ class UnitCost:
     """Seconds its backward spends recomputing when checkpointed; None: its whole forward
     (full checkpointing). A selective unit's cost (`plan.units.unit_cost`) sets it to the
     ops the policy recomputes ([Note: selective checkpointing as kept bytes])."""
+    forward_ops: int = 0
+    """Operators its layers' forwards dispatch (`LayerProfile.forward_ops`; 0 = unknown): what
+    the host's time is priced by ([Note: host time per op] in plan/schedule.py)."""
+    selective: bool = False
+    """The cost of its selective form (`plan.units.unit_cost` under `+sac` / `+sac-all`): its
+    forward and recomputation also run selective checkpointing's dispatch modes."""
 
     def module_reduce_numel(self, n: int, *, last: bool) -> int:
         """Elements of one module's ReduceScatter input over n shards: FSDP2 (torch 2.13)

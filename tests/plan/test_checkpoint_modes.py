@@ -65,7 +65,10 @@ def test_selective_plan_costs_between_none_and_full():
     plain plan's plus the recomputed ops' seconds of every checkpointed layer (not the root)."""
     cfg = GPTConfig(layers=4, hidden=256, heads=4, vocab=1000, seq=512, mlp="swiglu", norm="rmsnorm", bias=False)
     prof = analytic_profile(cfg, micro_batch=2, seq=512, device=DEVICES["a100"])
-    cl = Cluster(world=8, gpus_per_node=8, device=dataclasses.replace(DEVICES["a100"], overlap=False))
+    # the kernels' time alone: no host time (tests/plan/test_host_overhead.py prices it)
+    kernels = dataclasses.replace(DEVICES["a100"], overlap=False, op_host_seconds=0.0, recompute_op_host_seconds=0.0,
+                                  sac_op_host_seconds=0.0, unit_overhead_seconds=0.0, tensor_overhead_seconds=0.0)
+    cl = Cluster(world=8, gpus_per_node=8, device=kernels)
     plans = {w: make_plan(prof, cl, strategy=f"full_shard{w}", fuse=False) for w in ("", "+sac", "+sac-all", "+ckpt")}
     assert {u.checkpoint for u in plans["+sac"].units} == {SAC}
     assert {u.checkpoint for u in plans["+sac-all"].units} == {SAC_ALL}

@@ -7,7 +7,7 @@ from torch.utils.checkpoint import checkpoint
 
 from shardsched.core.types import Checkpoint
 from shardsched.core import sac_policy
-from shardsched.runtime import sac
+
 
 aten = torch.ops.aten
 
@@ -46,7 +46,7 @@ def _recomputed_mms(mode):
                 seen.append(args[1].shape)
             return func(*args, **(kwargs or {}))
 
-    out = checkpoint(block, x, use_reentrant=False, context_fn=lambda: sac.selective_contexts(mode))
+    out = checkpoint(block, x, use_reentrant=False, context_fn=lambda: sac_policy.selective_contexts(mode))
     with Count():
         out.sum().backward()
     return len(seen)  # forward mms run again in backward (recomputation runs with grad enabled)
@@ -62,7 +62,7 @@ def test_the_runtime_recomputes_what_the_policy_says():
 def test_bf16_mixed_sac_trains_on_this_torch(tmp_path):
     """torch 2.13 refused bf16-mixed `+sac` in backward ("profiler._record_function_enter_new ...
     not found in storage", pytorch/pytorch#182580: FSDP2 casts inputs again in recomputation,
-    inside a `record_function` range); `runtime.sac` has SAC ignore profiler ranges."""
+    inside a `record_function` range); `core.sac_policy` has SAC ignore profiler ranges."""
     import subprocess
     import sys
     r = subprocess.run([sys.executable, "-m", "shardsched", "train", "--model", "tiny", "--nproc", "1", "--steps", "2",
