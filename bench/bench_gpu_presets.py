@@ -157,6 +157,14 @@ PATHS = tuple(c._replace(model=LLAMA2_13B_HF, name=c.name + " as hf:")
 # plan/schedule.py, which brought these rows from 0.93-7.31x the prediction to within 15%.
 LLAMA_1B_HF = ("hf:llama,hidden_size=2048,intermediate_size=5632,num_hidden_layers=22,num_attention_heads=32,"
                "num_key_value_heads=4,vocab_size=32000,max_position_embeddings=4096")
+H200_STEPS_FAST_HOST = (  # the same on a second H200 machine whose host was faster (its calibration: 45.8 us per
+    # operator plain, 54.4 +sac, against the preset's 67.1 and 72.1); printed, not asserted: the host is the
+    # machine's (`shardsched profile` measures it), and under `+sac` at 8K-16K tokens this host runs ahead of
+    # the kernels across units, which the model's max per unit and phase does not credit (0.68-0.80)
+    (1, 2048, "full_shard", 177.2), (1, 2048, "full_shard+ckpt", 265.6), (1, 2048, "full_shard+sac", 367.4),
+    (2, 4096, "full_shard", 214.2), (2, 4096, "full_shard+ckpt", 275.2), (2, 4096, "full_shard+sac", 284.6),
+    (4, 2048, "full_shard", 188.2), (4, 2048, "full_shard+ckpt", 246.1), (4, 2048, "full_shard+sac", 314.6),
+)
 H200_STEPS = (  # (micro-batch, seq, strategy, measured ms)
     (1, 2048, "full_shard", 194.6), (1, 2048, "full_shard+ckpt", 283.4), (1, 2048, "full_shard+sac", 408.6),
     (2, 4096, "full_shard", 197.3), (2, 4096, "full_shard+ckpt", 302.1), (2, 4096, "full_shard+sac", 417.6),
@@ -164,12 +172,12 @@ H200_STEPS = (  # (micro-batch, seq, strategy, measured ms)
 )
 
 
-def h200_step_ratios() -> list[tuple[str, float, float]]:
-    """(row, measured ms, predicted ms) of `H200_STEPS` on the h200 preset, planned as gpu_check plans."""
+def h200_step_ratios(steps=H200_STEPS) -> list[tuple[str, float, float]]:
+    """(row, measured ms, predicted ms) of `steps` on the h200 preset, planned as gpu_check plans."""
     from shardsched.core.types import Precision
     from shardsched.profile.resolve import profile_for
     spec, device, out = parse_model_spec(LLAMA_1B_HF), DEVICES["h200"], []
-    for micro_batch, seq, strategy, measured in H200_STEPS:
+    for micro_batch, seq, strategy, measured in steps:
         prof = profile_for(spec, micro_batch=micro_batch, seq=seq, device=device, precision=Precision.BF16_MIXED)
         plan = make_plan(prof, Cluster(world=1, gpus_per_node=1, device=device), strategy=strategy,
                          precision="bf16-mixed")
@@ -316,7 +324,9 @@ def main() -> int:
     for row, measured, pred in h200_step_ratios():
         ok &= abs(measured / pred - 1) <= TOLERANCE
         print(f"{'h200':6s} {row:54s} {measured:9.1f} {pred:9.1f} {measured / pred:6.3f}")
-    print("(step ms: measured / predicted)")
+    for row, measured, pred in h200_step_ratios(H200_STEPS_FAST_HOST):
+        print(f"{'h200':6s} {row + ' (faster host)':54s} {measured:9.1f} {pred:9.1f} {measured / pred:6.3f}")
+    print("(step ms: measured / predicted; the faster host's rows are not asserted: H200_STEPS_FAST_HOST)")
     print("all within 15%" if ok else "some configurations are off by more than 15%")
     return 0 if ok else 1
 
