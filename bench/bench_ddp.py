@@ -27,7 +27,8 @@ from torch.nn.parallel import DistributedDataParallel
 from shardsched.core.types import Plan, Strategy, Unit
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.runtime import parallelize as par
-from shardsched.train.config import TrainConfig, build_model
+from shardsched.train.config import TrainConfig
+from shardsched.train.task import build_model
 from shardsched.train.data import get_batch, load_text
 from shardsched.train.launcher import launch
 from shardsched.train.trainer import build_optimizer

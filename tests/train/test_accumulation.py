@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from shardsched.cli import main
 from shardsched.core.types import Plan
-from shardsched.train.config import build_model
+from shardsched.train.task import build_model
 from shardsched.train.launcher import launch
 from shardsched.train.task import build, make_task
 from shardsched.train.trainer import lr_at, train
