@@ -325,7 +325,6 @@ def time_op_host(*, device: torch.device, repeats: int = 5) -> HostPerOp:
     from torch.utils.checkpoint import checkpoint
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from shardsched.core.types import Checkpoint
     from shardsched.models.gpt import Block
     from shardsched.models.gpt_config import GPTConfig
     from shardsched.core.sac_policy import selective_contexts

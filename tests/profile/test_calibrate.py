@@ -13,7 +13,7 @@ from shardsched.cli import main
 from shardsched.cost.comm import Collective, collective_seconds
 from shardsched.cost.device import DEVICES, Cluster, Link, cluster_file_text, read_cluster_file
 from shardsched.profile import calibrate as cal
-from shardsched.profile.calibrate import Sample, fit_efficiency, fit_link, fitted_device
+from shardsched.profile.calibrate import HostPerOp, Sample, fit_efficiency, fit_link, fitted_device
 
 SIZES = (4096, 65536, 1 << 20, 1 << 24)
 
@@ -62,7 +62,8 @@ def test_fitted_device_round_trips_through_a_cluster_file(tmp_path):
     compute = {c: [(f, f / (base.peak_flops * e)) for f in (1e6, 1e8)]
                for c, e in (("matmul", 0.3), ("attention", 0.1), ("other", 0.01))}
     calib = fitted_device(base, samples=samples, compute=compute, optimizer=(1 << 20, 0.02),
-                          unit_overhead=3e-3, tensor_overhead=4e-4, world=2, state_bytes_at_rest=16)
+                          unit_overhead=3e-3, tensor_overhead=4e-4, world=2, state_bytes_at_rest=16,
+                          op_host=HostPerOp(plain=5e-5, recompute=3e-5, selective=6e-5))
     path = tmp_path / "cluster.json"
     path.write_text(cluster_file_text(calib.device, fit=calib.fit))
     dev = read_cluster_file(str(path))
@@ -72,6 +73,8 @@ def test_fitted_device_round_trips_through_a_cluster_file(tmp_path):
     assert dev.mfu == pytest.approx(0.3) and dev.inter == base.inter
     assert dev.memory_bandwidth == pytest.approx(2 * 16 * (1 << 20) / 0.02)
     assert dev.unit_overhead_seconds == 3e-3 and dev.tensor_overhead_seconds == 4e-4
+    # the host's time per operator ([Note: host time per op] in plan/schedule.py)
+    assert (dev.op_host_seconds, dev.recompute_op_host_seconds, dev.sac_op_host_seconds) == (5e-5, 3e-5, 6e-5)
     # Each collective's own fit travels in the file (here all three come from one link).
     assert set(dev.collectives) == {k.value for k in Collective}
     for k in Collective:
