@@ -21,7 +21,7 @@ def sized_spec(spec, *, micro_batch: int | None, seq: int | None):
 
 
 def profile_or_refuse(spec, micro_batch: int, seq: int | None, args: argparse.Namespace, cluster: Cluster,
-             precision: Precision):
+                      precision: Precision):
     """`profile.resolve.profiled` (the profile and the model it was taken from), with a model
     that fails when run for real (`--measure`) one line, not a traceback: the model's own code
     raised, so the line names what it raised and the way out."""

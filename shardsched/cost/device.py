@@ -120,8 +120,9 @@ GPU_HEADROOM = dict(headroom_fraction=0.05, headroom_bytes=1 * GiB)
 # LlamaDecoderLayer (76 forward operators) at 256 tokens, where its kernels take no time, ran
 # forward and backward in 5.10 ms of host time, 8.09 ms checkpointed and 13.57 ms under
 # selective checkpointing (`+sac`); FSDP2's host work `bench/gpu_check.py`'s calibration
-# fitted at 1.30 ms per unit and 0.111 ms per parameter tensor. The same host figures stand
-# for every GPU: hosts differ; `shardsched profile` measures its own.
+# fitted at 1.30 ms per unit and 0.111 ms per parameter tensor (`bench/bench_host_per_op.py`
+# and `bench/gpu_check.py` print them). The same host figures stand for every GPU: hosts differ;
+# `shardsched profile` measures its own.
 GPU_HOST = dict(op_host_seconds=5.10e-3 / 76, recompute_op_host_seconds=(8.09e-3 - 5.10e-3) / 76,
                 sac_op_host_seconds=(13.57e-3 - 8.09e-3) / 76, unit_overhead_seconds=1.30e-3,
                 tensor_overhead_seconds=0.111e-3)
@@ -145,6 +146,7 @@ DEVICES: dict[str, DeviceSpec] = {
                       unit_overhead_seconds=3e-3,
                       # selective checkpointing's dispatch modes: a tiny HF LlamaDecoderLayer (73
                       # operators) took 1.33 ms checkpointed and 2.62 ms under `+sac` here
+                      # (`bench/bench_host_per_op.py --device cpu`)
                       sac_op_host_seconds=(2.62e-3 - 1.33e-3) / 73,
                       intra=Link(alpha_seconds=50e-6, bandwidth=2e9),
                       inter=Link(alpha_seconds=0.235e-3, bandwidth=98e6),

@@ -86,8 +86,8 @@ def with_host_overhead(c, cluster: Cluster, *, fsdp: bool = True):
     the simulator price it alike."""
     dev = cluster.device
     half = (dev.unit_overhead_seconds + dev.tensor_overhead_seconds * len(c.dims)) / 2 if fsdp else 0.0
-    ops = c.forward_ops * dev.op_host_seconds
-    host_f, host_b = half + ops * FORWARD_HOST_SHARE, half + ops * (1 - FORWARD_HOST_SHARE)
+    dispatch = c.forward_ops * dev.op_host_seconds
+    host_f, host_b = half + dispatch * FORWARD_HOST_SHARE, half + dispatch * (1 - FORWARD_HOST_SHARE)
     host_r = c.forward_ops * (dev.recompute_op_host_seconds + (dev.sac_op_host_seconds if c.selective else 0.0))
     if not (host_f or host_b or host_r):
         return c
