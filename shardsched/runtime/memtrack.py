@@ -14,9 +14,10 @@ from typing import Callable, NamedTuple
 
 import torch
 import torch.nn as nn
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.fsdp import FSDPModule
+
+from shardsched.runtime.fast_tracker import FastFSDPMemTracker, FastMemTracker
 
 
 class TrackedPeak(NamedTuple):
@@ -44,11 +45,11 @@ def tracked_peak(model: nn.Module, optimizer: torch.optim.Optimizer | None,
     reset in between (`reset_mod_stats`); the global peak survives the reset, so
     the moment is read after every step, before the reset."""
     if isinstance(model, FSDPModule):
-        tracker = FSDPMemTracker(model, optimizer)
+        tracker = FastFSDPMemTracker(model, optimizer)
         if inputs:
             tracker.track_inputs(inputs)
     else:  # a DDP-replicated model (runtime/ddp.py), or a plain one standing for it
-        tracker = MemTracker()
+        tracker = FastMemTracker()
         tracker.track_external(model, *([optimizer] if optimizer is not None else []), *inputs)
     _skip_frozen(tracker, model)
     at, best = "outside every module", -1

@@ -393,16 +393,10 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
 
 
 def _optimizer(live: _Live) -> MemoryBreakdown:
+    # The trainer's optimizer steps with foreach kernels ([Note: the optimizer verified is the
+    # trainer's] in verify/engine.py): one temporary list the size of the parameters it steps.
     sc = live.sc
     extra = int(sc.optimizer_workspace_factor * sum(live.tshard) * sc.state.param)
-    largest = max((numel for u in sc.units for dims in (u.layer_dims or (u.dims,)) for _, numel in dims), default=0)
-    if live.ddp and sc.cluster.device.name == "cpu" and largest:
-        # Plain CPU tensors get torch.optim's per-tensor loop (`_default_to_fused_or_foreach`
-        # picks foreach only on accelerators; FSDP2's DTensors measured foreach-sized):
-        # about two temporaries of the largest parameter (Adam's sqrt and its quotient),
-        # whatever the foreach estimate says (a Mixer whose head is 3/4 of its parameters:
-        # 8% under when capped by it).
-        extra = 2 * largest * sc.state.param
     return _mb(live, grads=live.sharded_grads(2 * sc.n + 1), opt_extra=extra)
 
 

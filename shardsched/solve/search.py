@@ -130,6 +130,8 @@ def _start(p: Problem, *, budget: int, extra: list[Scored], greedy_ok: bool, lea
         if ch is not None:
             pool.append(score("greedy", p, ch))
         least = once(p, _least_scored)
+        if least_ok and least.peak > budget:  # at the least-memory figure itself, no prefetch fits
+            least = once(p, _least_unprefetched)
         if least_ok and least.peak <= budget:
             pool.append(_polished(p, least, budget=budget))
             pool.append(score("greedy", p, hoisted_least(p, budget=budget)))
@@ -140,6 +142,12 @@ def _start(p: Problem, *, budget: int, extra: list[Scored], greedy_ok: bool, lea
 
 def _least_scored(p: Problem) -> Scored:
     return score("greedy", p, prefetched_least(p))  # budget-independent: `once` per grouping
+
+
+def _least_unprefetched(p: Problem) -> Scored:
+    """The least-memory schedule as `auto.least_memory_peak` scores it (no prefetch): a budget
+    of exactly that figure, which the advice "use --memory-budget X" quotes, has a plan."""
+    return score("greedy", p, least_memory(p))
 
 
 def prefetched_least(p: Problem) -> Choice:

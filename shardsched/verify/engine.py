@@ -2,12 +2,12 @@
 
 `verify_plan(model, inputs, plan)` applies `plan` with the runtime's own `parallelize` to a
 fake copy of `model` (`verify.fake`) on PyTorch's fake process group at `plan.world` (every
-collective returns at once, each output allocated as the real one is), runs two whole
-training steps as the trainer runs them (every micro-batch of an accumulating plan, backward,
-the optimizer's step and `zero_grad(set_to_none=True)`) and returns `core.types.Verified`:
-FSDPMemTracker's peak and where it happened. Two steps, because the optimizer's state first
-exists in the second step's forward. Every rank of a data-parallel plan runs the same program
-on the same shapes, so rank 0's peak is every rank's (`tests/verify` compares real gloo runs).
+collective returns at once, each output allocated as the real one is), runs one whole
+training step as the trainer runs it (every micro-batch of an accumulating plan, backward, the
+optimizer's step and `zero_grad(set_to_none=True)`), entered with the optimizer's state alive
+([Note: the optimizer's state without a first step]), and returns `core.types.Verified`:
+FSDPMemTracker's peak and where it happened. Every rank of a data-parallel plan runs the same
+program on the same shapes, so rank 0's peak is every rank's (`tests/verify` compares real gloo runs).
 
 [Note: plans that run on DDP, verified without DDP]
 An all-replicate fp32 plan runs on DDP (`runtime.ddp`), whose C++ reducer reads its buckets'
@@ -34,22 +34,28 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from shardsched.profile.fake_rules import FakeRules
-from shardsched.core.types import GradSync, Optimizer, Plan, Verified
+from shardsched.core.types import GradSync, Plan, Verified
 from shardsched.runtime.ddp import runs_on_ddp
 from shardsched.runtime.memtrack import tracked_peak
 from shardsched.runtime.parallelize import parallelize
-from shardsched.runtime.scalars import optimizer_param_groups
 from shardsched.verify.chunks import chunks_on_demand
 from shardsched.verify.fake import fake_copy, fake_inputs
+from shardsched.verify.optimizer import LocalShardOptimizer
 
-STEPS = 2
-"""Training steps run: the optimizer's state is first alive in the second.
+STEPS = 1
+"""Training steps run under the tracker, after the optimizer's state is made without one.
 
-[Note: the first step untracked] FSDPMemTracker costs Python per op and per tracked module
-(Llama-2-70B: half the verification), and the first step's peak is never above the second's
-(the second holds the optimizer's state from its start, the first creates it at its end), so
-the first runs untracked and the tracker, entered with every parameter and optimizer state
-alive, counts the second."""
+[Note: the optimizer's state without a first step] The peak of a training step is that of
+its second: the first creates the optimizer's state only at its end, the second holds it from
+its start. A first step on fake tensors costs as much as the measured one (GPT-3 175B at
+world 1024: 20 of 32 s) and leaves behind only that state (and, for plans on DDP, the
+gradient buckets), so both are made directly: every trainable parameter gets a zero gradient,
+the optimizer steps once (creating its state as its first step does: `exp_avg`, `exp_avg_sq`,
+`step`) and the gradients are set to None again (kept, zeroed, for DDP). FSDPMemTracker,
+entered with every parameter and optimizer state alive, then counts one whole step: FSDP2's
+lazy initialisation, in that step's first forward, allocates nothing that outlives it.
+Parameters that get no gradient are read after that step's backward: `grad is None` under
+FSDP2; a hook on every gradient's accumulation under DDP, whose buckets already exist."""
 
 
 @contextlib.contextmanager
@@ -66,29 +72,16 @@ def fake_world(world: int):
         dist.destroy_process_group()
 
 
-def _optimizer(model: nn.Module, plan: Plan) -> torch.optim.Optimizer:
-    """The plan's optimizer, one parameter at a time.
-
-    [Note: the optimizer on fake tensors] On fake DTensors, AdamW's foreach kernels take
-    another sharding path than on real ones: the fake step held 27x the sharded parameters
-    (a small GPT at world 8: 66.6 MB of state against 4.9 MB for the same step on real
-    tensors), so verification steps parameter by parameter, whose state and one temporary
-    per parameter are what the real foreach step holds beside its list of temporaries."""
-    groups = optimizer_param_groups(model)
-    if plan.optimizer is Optimizer.SGD:
-        return torch.optim.SGD(groups, lr=1e-3, momentum=0.9, foreach=False)
-    return torch.optim.AdamW(groups, lr=1e-3, foreach=False)
-
-
 def _loss(out) -> torch.Tensor:
     from shardsched.profile.trace_fake import loss_of
     return loss_of(out)
 
 
-def training_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: tuple, plan: Plan,
+def training_step(model: nn.Module, opt, inputs: tuple, plan: Plan,
                   seen: Callable[[nn.Module], None] = lambda m: None) -> Callable[[int], None]:
     """`step(i)`: one optimizer step of `plan.accumulation` micro-batches (`runtime.accum`);
-    `seen(model)` after the backward of the first step, before the gradients are freed."""
+    `seen(model)` after the backward of the first step, before the gradients are freed. `opt`:
+    a torch.optim optimizer, or verification's `LocalShardOptimizer`."""
     from shardsched.runtime.accum import forward_backward
     k = plan.accumulation
 
@@ -101,17 +94,29 @@ def training_step(model: nn.Module, opt: torch.optim.Optimizer, inputs: tuple, p
     return step
 
 
-def _as_ddp(model: nn.Module) -> None:
-    """[Note: plans that run on DDP, verified without DDP]: from the first step's backward on,
-    every gradient is allocated (the buckets) and zeroed in place."""
+def _initial_state(model: nn.Module, opt: LocalShardOptimizer, *, ddp: bool) -> None:
+    """[Note: the optimizer's state without a first step]; for DDP also [Note: plans that run
+    on DDP, verified without DDP]: every gradient allocated (the buckets) and zeroed in place."""
     for p in model.parameters():
-        if p.requires_grad and p.grad is None:
+        if p.requires_grad:
             p.grad = torch.zeros_like(p)
-    model._shardsched_bucket_view = True
+    opt.step()
+    opt.zero_grad(set_to_none=not ddp)
+    model._shardsched_bucket_view = ddp
+
+
+def _gradient_seen(model: nn.Module) -> set[int]:
+    """ids of the parameters whose gradient autograd accumulates from now on (DDP's check for
+    unused parameters: their gradients already exist, so `grad is None` cannot tell)."""
+    got: set[int] = set()
+    for p in model.parameters():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(lambda q: got.add(id(q)))
+    return got
 
 
 def _run(model: nn.Module, inputs: tuple, plan: Plan) -> tuple:
-    """(TrackedPeak, engine, unused parameter names) of two steps of `plan` on `model`."""
+    """(TrackedPeak, engine, unused parameter names) of one step of `plan` on `model`."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     with unset_fake_temporarily():  # a mesh holds a real tensor of ranks
@@ -123,17 +128,17 @@ def _run(model: nn.Module, inputs: tuple, plan: Plan) -> tuple:
     else:
         with chunks_on_demand():  # [Note: chunks read one at a time]
             model = parallelize(model, plan, mesh=mesh)
-    opt = _optimizer(model, plan)
+    opt = LocalShardOptimizer(model, plan)
+    _initial_state(model, opt, ddp=ddp)
+    got = _gradient_seen(model) if ddp else None
     unused: list[str] = []
 
-    def seen(m: nn.Module) -> None:  # after the first backward: who got no gradient
-        unused.extend(n for n, p in m.named_parameters() if p.requires_grad and p.grad is None)
-        if ddp:
-            _as_ddp(m)
+    def seen(m: nn.Module) -> None:  # after the backward: who got no gradient
+        unused.extend(n for n, p in m.named_parameters() if p.requires_grad
+                      and (id(p) not in got if ddp else p.grad is None))
 
     step = training_step(model, opt, inputs, plan, seen=seen)
-    step(0)  # [Note: the first step untracked]
-    peak = tracked_peak(model, opt, lambda i: step(i + 1), steps=1, inputs=inputs)
+    peak = tracked_peak(model, opt.inner, step, steps=STEPS, inputs=inputs)
     return peak, ("ddp" if ddp else "fsdp2"), unused
 
 

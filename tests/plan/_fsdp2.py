@@ -42,8 +42,8 @@ def measured_peak(model: torch.nn.Module, inputs: tuple, plan, *, steps: int = 2
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     try:
         parallelize_on_fake_pg(model, plan, world)
-        opt = (torch.optim.Adam(model.parameters(), lr=1e-3) if plan.optimizer.value == "adam"
-               else torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9))
+        opt = (torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True) if plan.optimizer.value == "adam"
+               else torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, foreach=True))
 
         def micro_step(j: int) -> None:
             if k > 1:
