@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,15 +43,30 @@ def test_srun_two_tasks_make_one_job(slurm, tmp_path):
     _check_one_job_of_world_2(run)
 
 
+def _finished(job: str, *, timeout: float = 600.0) -> tuple[str, str]:
+    """(JobState, ExitCode) of a batch job once it left the queue. `sbatch --wait` polls with
+    back-off (about 30 s after a 12 s job); `scontrol` is asked every half second instead."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+        fields = dict(w.split("=", 1) for w in out.split() if "=" in w)
+        if fields.get("JobState") not in (None, "PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            return fields["JobState"], fields.get("ExitCode", "")
+        time.sleep(0.5)
+    raise AssertionError(f"job {job} still queued or running after {timeout} s")
+
+
 def test_sbatch_script(slurm, tmp_path):
     run = tmp_path / "run"
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\n#SBATCH -N1\n#SBATCH -n2\n"
                       f"srun {' '.join(TRAIN)} --run-dir {run}\n")
-    proc = subprocess.run(["sbatch", "--wait", "-o", str(tmp_path / "job.out"), "--chdir", str(ROOT), str(script)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(["sbatch", "--parsable", "-o", str(tmp_path / "job.out"), "--chdir", str(ROOT), str(script)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    state = _finished(proc.stdout.strip().split(";")[0])
     log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
-    assert proc.returncode == 0, proc.stderr + log[-3000:]
+    assert state == ("COMPLETED", "0:0"), (state, log[-3000:])
     _check_one_job_of_world_2(run)
 
 

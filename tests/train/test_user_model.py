@@ -149,6 +149,8 @@ def test_batched_user_inputs_state_their_micro_batch(tmp_path):
     ("convnext", "replicate", "note: DDP warns that a gradient's memory layout differs from its reduction bucket's"),
     ("convnext", "full_shard", "note: FSDP2 warns that the unit of Conv2d, ConvNeXtBlock, Linear returns a view"),
     ("lstm", "full_shard", "note: FSDP2 warns that the unit of Embedding, LSTM, Linear returns a view"),
+    ("seq2seq", "full_shard", "note: FSDP2 warns that the unit of Embedding, TransformerEncoderLayer, LayerNorm, "
+                              "TransformerDecoderLayer, Linear returns a view"),
 ])
 def test_library_warnings_are_said_once_in_our_words(model, strategy, words, tmp_path, capfd):
     """PyTorch warned from every worker (2-8 lines a run); now rank 0 says once what it means."""

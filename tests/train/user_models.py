@@ -234,3 +234,24 @@ def lstm():
     idx = torch.randint(0, 32, (4, 12), generator=g)
     return LSTMModel(), (idx, idx.roll(1, 1))
 
+
+
+class Seq2Seq(nn.Module):
+    """nn.Transformer, encoder and decoder, on token ids: the issue's third model whose units
+    return views (FSDP2's warning)."""
+
+    def __init__(self, width: int = 16, vocab: int = 32):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.core = nn.Transformer(width, 2, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=32,
+                                   dropout=0.0, batch_first=True)
+        self.head = nn.Linear(width, vocab)
+
+    def forward(self, src, tgt):
+        out = self.core(self.embed(src), self.embed(tgt[:, :-1]))
+        return nn.functional.cross_entropy(self.head(out).flatten(0, 1), tgt[:, 1:].flatten())
+
+
+def seq2seq():
+    g = torch.Generator().manual_seed(5)
+    return Seq2Seq(), (torch.randint(0, 32, (4, 10), generator=g), torch.randint(0, 32, (4, 9), generator=g))
