@@ -37,8 +37,8 @@ root's gradients do under FSDP2 (`Profile.root_tied_numel`; an LM with a 32k voc
 was 14% under without it).
 The MILP rows and the greedy evaluator's twin count this one choice as FSDP2's
 replicate (an upper bound at every moment); auto's uniform baselines are simulated,
-so the DDP plan is still found (`solve.baselines`). On a CPU device its optimizer step
-runs per tensor (see `_optimizer`).
+so the DDP plan is still found (`solve.baselines`). Its optimizer step is the trainer's
+foreach step, as FSDP2's (see `_optimizer`).
 """
 from __future__ import annotations
 

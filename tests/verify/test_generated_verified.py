@@ -78,11 +78,14 @@ def test_layer_object_at_two_places_is_an_upper_bound(strategy):
     assert 0 <= err <= 0.11, (strategy, err)
 
 
-SAMPLE_TOL = 0.10
-"""The generated sample's bound (issue 26 asks 3%; left open): sampled after this session's
-merges, the misses were a recomputed or fused nn.LSTM/GRU unit (-8.8..+5.3%), a GNN mixed plan
-(+4.6%, over-predicted) and a least-memory budget a verified peak misses by bytes. The
-promise itself, no auto plan over its usable budget, is asserted exactly."""
+SAMPLE_TOL = 0.05
+"""The generated sample's bound (issue 26 asks 3%; left open). 120 cases drawn from seeds
+5001-5120 (`draw_case(seed, extended=True)` through `verified_case`): 114 within 3%, two beyond
+it, +4.7% (a scatter GNN under full_shard+sac with shard_grad_op units) and -3.7% (a masked,
+frozen GRU LM on DDP, measured profile: the boolean-mask loss's backward holds three
+logits-sized temporaries), and four auto budgets at the least-memory figure that no verified
+plan meets (one line). The promise itself, no auto plan over its usable budget, is asserted
+exactly."""
 
 
 @settings(max_examples=16, deadline=None, derandomize=True, database=None,
