@@ -4,8 +4,8 @@
 After every op, `MemTracker._update_peak_stats` walks every module it has ever seen
 (`memory_tracking`, a weak dictionary: one weak reference dereferenced per module) and
 updates those that are running (`_mod_tracker.parents`, the fully qualified names of the
-module stack). With a few hundred modules that walk was 60% of a verification (Llama 7B at
-world 64 under FSDPMemTracker: 43 of 70 s in a `tradeoff`). The subclasses here visit the
+module stack). With a few hundred modules that walk was 60% of a verification (py-spy on the
+README's `tradeoff --model llama-7b --world 64`: 43 of its 70 s of verification). The subclasses here visit the
 running modules only, through an index from name to stats rebuilt whenever a module is added
 or collected: the same updates, so the same peaks and snapshots
 (`tests/runtime/test_fast_tracker.py` compares them with the stock trackers').
@@ -24,7 +24,7 @@ class _RunningModulesOnly:
     """See [Note: the tracker's per-op cost]; mixed in before the tracker class."""
 
     _indexed = -1
-    _by_fqn: dict = {}
+    """How many modules `_by_fqn` indexes: rebuilt when the tracker has seen more (or fewer)."""
 
     def _running_stats(self):
         if len(self.memory_tracking) != self._indexed:

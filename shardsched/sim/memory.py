@@ -394,7 +394,7 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
 
 def _optimizer(live: _Live) -> MemoryBreakdown:
     # The trainer's optimizer steps with foreach kernels ([Note: the optimizer verified is the
-    # trainer's] in verify/engine.py): one temporary list the size of the parameters it steps.
+    # trainer's] in verify/optimizer.py): one temporary list the size of the parameters it steps.
     sc = live.sc
     extra = int(sc.optimizer_workspace_factor * sum(live.tshard) * sc.state.param)
     return _mb(live, grads=live.sharded_grads(2 * sc.n + 1), opt_extra=extra)

@@ -64,7 +64,7 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opt
     parameters. On DTensors (FSDP2) each loop iteration pays DTensor dispatch;
     measured on 2 gloo workers with the tiny model, the step took 177 ms per-parameter
     and 10.5 ms foreach (PyTorch picks foreach by default only on CUDA). Verification steps
-    the same optimizer ([Note: the optimizer verified is the trainer's] in verify/engine.py);
+    the same optimizer ([Note: the optimizer verified is the trainer's] in verify/optimizer.py);
     sharded and plain parameters (scalars kept out of sharding) are groups apart, as foreach
     kernels step one kind of tensor at a time."""
     return torch.optim.AdamW(optimizer_param_groups(model), lr=cfg.lr, weight_decay=cfg.weight_decay, foreach=True)
