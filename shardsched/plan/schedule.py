@@ -13,7 +13,7 @@ from shardsched.cost.device import Cluster
 from shardsched.cost.memory import state_bytes
 from shardsched.cost.strategy import shard_count
 from shardsched.core.types import Plan, Unit
-from shardsched.plan.units import unit_cost
+from shardsched.plan.units import partition, unit_cost
 from shardsched.profile.types import Profile
 from shardsched.sim.scenario import Scenario, UnitCost
 
@@ -23,11 +23,12 @@ OPTIMIZER_WORKSPACE_FACTOR = {"adam": 1.0, "sgd": 1.0}
 
 
 def _by_name(layers) -> dict:
-    """Layers and, recursively, their children (units of a partitioned layer)."""
+    """Layers and their children as a partition's units take them (`plan.units.partition`)."""
     out = {}
     for layer in layers:
         out[layer.name] = layer
-        out.update(_by_name(layer.children))
+        if layer.children:
+            out.update(_by_name(partition(layer)))
     return out
 
 
@@ -123,7 +124,8 @@ def make_scenario(costs, strategies, fwd, bwd, *, plan: Plan | None = None, prof
     # A plan DDP runs (`Scenario.on_ddp`) pays none of FSDP2's host work. The MILP prices
     # every choice with it; `auto` still picks an all-replicate plan when it is fastest,
     # since its final choice is by the simulator.
-    return dataclasses.replace(sc, units=tuple(with_host_overhead(c, cluster, fsdp=not sc.on_ddp) for c in sc.units))
+    sc = dataclasses.replace(sc, units=tuple(with_host_overhead(c, cluster, fsdp=not sc.on_ddp) for c in sc.units))
+    return sc.with_inputs_kept_before()
 
 
 def units_with_schedule(sc: Scenario) -> tuple[Unit, ...]:

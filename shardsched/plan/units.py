@@ -327,10 +327,60 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
                     outside_activation_bytes=layers[-1].outside_bytes if layers[-1].outside_workspace_bytes else 0,
                     input_bytes=sum(map(kept_when_checkpointed, layers)),
                     entry_bytes=layers[0].entry_bytes, exit_bytes=layers[-1].exit_bytes,
+                    lead_saved_before_bytes=layers[0].input_saved_before_bytes if layers[0].calls <= 1 else 0,
+                    lead_resaved_bytes=layers[0].input_resaved_bytes if layers[0].calls <= 1 else None,
                     **dict(zip(("code_held", "code_held_bytes"), code_held_of(layers))),
                     layer_bytes=layer_bytes(layers),
                     layer_dims=tuple(_trainable_dims(layer) for layer in layers) if all(
                         layer.dims or not layer.params for layer in layers) else ())
+
+
+# [Note: the parent's own code in a partition]
+# A layer split into its children (`blocks.3.attn`, `head.out`: units of their own) also runs
+# code of its own between and after them: a head's cross-entropy after its projection, a GNN
+# layer's scatter and concatenation between its message and update children. FSDP2 wraps only
+# the children, so that code runs after the child before it has resharded and runs its backward
+# before that child's pre-backward gathers it: it is that child's outside code, exactly as code
+# between layers is the layer's before it. The profilers fold it so (`outside_bytes`,
+# `outside_workspace_bytes` of the child; `profile.trace`, `profile.measure`, the analytic
+# head); charged to the last child instead, a split LM head lost its loss's backward (-9% on
+# a 6-layer GPT, -23% on its least-memory plan, whose advised budget was then refused). What
+# runs before the first child is left to the last one (`partition`).
+
+
+def _with_incoming(child: LayerProfile, incoming: int) -> LayerProfile:
+    """A child whose outside code (its parent's, after it) also holds, in its backward, the
+    gradient it receives: that of the next child's inputs, or of the parent's output ([Note:
+    the parent's own code in a partition]; a GNN layer's scatter between its children: -10%
+    without it)."""
+    if not child.outside_workspace_bytes:
+        return child
+    return dataclasses.replace(child, outside_workspace_bytes=child.outside_workspace_bytes + incoming)
+
+
+def partition(layer: LayerProfile) -> list[LayerProfile]:
+    """A split layer's children as units take them: the last one absorbing what the parent
+    runs outside them (residual adds, attention core, a loss), so the partition costs what the
+    layer does."""
+    kids = [_with_incoming(c, nxt.input_bytes) for c, nxt in zip(layer.children, layer.children[1:])]
+    kids.append(_with_incoming(layer.children[-1], layer.output_bytes))
+    last = kids[-1]
+    residual = layer.activation_bytes - sum(c.activation_bytes for c in kids)
+    kids[-1] = dataclasses.replace(
+        last, params=last.params + layer.params - sum(c.params for c in kids),
+        frozen_params=last.frozen_params + layer.frozen_params - sum(c.frozen_params for c in kids),
+        forward_seconds=last.forward_seconds + layer.forward_seconds - sum(c.forward_seconds for c in kids),
+        backward_seconds=last.backward_seconds + layer.backward_seconds - sum(c.backward_seconds for c in kids),
+        forward_ops=last.forward_ops + max(0, layer.forward_ops - sum(c.forward_ops for c in kids)),
+        activation_bytes=last.activation_bytes + residual,
+        # its exit window spans the parent's code after it ([Note: exit windows]); the loss after
+        # the parent is after it too
+        exit_bytes=max(last.exit_bytes, layer.exit_bytes),
+        outside_workspace_bytes=max(last.outside_workspace_bytes, layer.outside_workspace_bytes),
+        # the parent's own code runs outside the child: checkpointing the child keeps it
+        outside_bytes=last.outside_bytes + max(0, residual), children=(),
+        dims=last.dims if layer.params == sum(c.params for c in kids) else ())
+    return kids
 
 
 def group_layers(profile: Profile, strategies: list, *, block_params: int) -> list[list[int]]:

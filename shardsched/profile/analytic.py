@@ -200,14 +200,17 @@ class _Ctx:
 
 def _leaf(name: str, *, params: int, fwd_seconds: float, act: int, largest: int = 0, inp: int = 0,
           bwd_seconds: float | None = None, saved: tuple[int, int] = (0, 0),
-          recompute: tuple[float, float] | None = None) -> LayerProfile:
+          recompute: tuple[float, float] | None = None, workspace: int | None = None,
+          out: int = 0) -> LayerProfile:
     """`saved`: what selective checkpointing keeps under `+sac` and `+sac-all`
     (`_selective_saved`); `recompute`: the seconds each recomputes (None: its whole forward,
-    no matmul, attention or convolution in it)."""
+    no matmul, attention or convolution in it); `workspace`: its backward's transient where it
+    is not two of its largest saved tensors; `out`: its output's bytes."""
     rec = (fwd_seconds, fwd_seconds) if recompute is None else recompute
     return LayerProfile(name=name, params=params, forward_seconds=fwd_seconds,
                         backward_seconds=2 * fwd_seconds if bwd_seconds is None else bwd_seconds,
-                        activation_bytes=act, workspace_bytes=2 * largest, input_bytes=inp,
+                        activation_bytes=act, workspace_bytes=2 * largest if workspace is None else workspace,
+                        input_bytes=inp, output_bytes=out,
                         selective_saved_bytes=saved[0], selective_recompute_seconds=rec[0],
                         selective_all=(saved[1], 0, 0, rec[1]))
 
@@ -406,15 +409,23 @@ def _head(ctx: _Ctx, shapes: dict[str, Shapes]) -> LayerProfile:
     x = T * cfg.hidden * d  # the (T, h) input: what a checkpointed head keeps (targets are example input)
     ln = _leaf("head.ln", params=ln_p, fwd_seconds=ctx.seconds(2 * ln_p * T), act=_norm_act(cfg, T, d, ctx.fused_rms),
                inp=x)
-    out = _leaf("head.out", params=out_p, fwd_seconds=ctx.seconds(2 * cfg.hidden * cfg.vocab * T), act=x, inp=x,
-                saved=(T * cfg.vocab * d, T * cfg.vocab * d), recompute=(0.0, 0.0))
+    logits = T * cfg.vocab * d
+    # Cross-entropy runs in the head's own code after its projection, so the trace folds it into
+    # `head.out` as that child's outside code ([Note: the parent's own code in a partition] in
+    # plan/units.py): it saves log_softmax's fp32 (T, vocab) output (logits are upcast before it)
+    # and nll_loss's 0-d fp32 total_weight (+ 4); its backward holds the gradients of the fp32
+    # log-probs and of the upcast logits, two (T, vocab) fp32 tensors. head.out's own backward
+    # holds the logits' gradient it receives and its input's gradient beside the weight's.
+    ce = 4 * T * cfg.vocab + 4
+    out = dataclasses.replace(
+        _leaf("head.out", params=out_p, fwd_seconds=ctx.seconds(2 * cfg.hidden * cfg.vocab * T), act=x + ce, inp=x,
+              saved=(logits, logits), recompute=(0.0, 0.0), workspace=logits + 2 * x, out=logits),
+        outside_bytes=ce, outside_workspace_bytes=2 * 4 * T * cfg.vocab)
     ce_seconds = 3 * T * cfg.vocab * 4 / ctx.bandwidth  # read logits, write fp32 copy and log-probs
-    # + 4: nll_loss's 0-d fp32 total_weight; targets are example input (input_bytes).
-    # Backward peaks in cross-entropy: the gradient of the fp32 log-probs and of the
-    # upcast logits, both (T, vocab) fp32 (traced; a head whose weight gradient
-    # outweighs them peaks a little higher, in its norm's backward).
-    return _parent("head", [ln, out], extra_fwd=ce_seconds, extra_act=4 * T * cfg.vocab + 4, inp=x,
-                   d=d, backward_peak=2 * 4 * T * cfg.vocab)
+    # (targets are example input, `input_bytes`). The whole head's backward peaks in
+    # cross-entropy (a head whose weight gradient outweighs it peaks a little higher, in its
+    # norm's backward).
+    return _parent("head", [ln, out], extra_fwd=ce_seconds, inp=x, d=d, backward_peak=2 * 4 * T * cfg.vocab)
 
 
 # ---------------------------------------------------------------- entry point

@@ -19,13 +19,22 @@ tied LSTM language model ran 4.5-6% (15.7 MiB) above its prediction. The size is
 to decide (its own layout and padding), so it is asked: the kernel runs once on zeros of the
 same shapes, outside fake mode, and the fake workspace gets the bytes it returned (cached by
 shape; the zeros are the size of one layer's input and output).
+
+[Note: a cold fake-tensor cache] FakeTensorMode caches each op's fake outputs in one dict
+shared by every mode of the process (`FakeTensorMode.cache`), and an output rebuilt from the
+cache is not always the one the meta function gives: a 3-layer LSTM's backward workspace was
+166,912 B on the first trace of a process and 167,936 B on every later one. So a profile or a
+verification depended on what the process had traced before (a second `plan_model` in one
+program, a profile cache hit), against the rule that answers depend only on inputs. Every
+trace and every verification therefore starts from an empty cache (`cold_fake_mode`); ops
+repeated within one run (a model's identical layers) still hit it.
 """
 from __future__ import annotations
 
 import functools
 
 import torch
-from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.utils._python_dispatch import TorchDispatchMode
 
 _aten = torch.ops.aten
@@ -39,6 +48,12 @@ def rnn_workspace_bytes(shapes: tuple, dtypes: tuple, rest: tuple) -> int:
         args = [torch.zeros(s, dtype=d) for s, d in zip(shapes, dtypes)]
         out = _RNN_LAYER.default(*args, *(list(r) if isinstance(r, tuple) else r for r in rest))
     return out[3].untyped_storage().nbytes()
+
+
+def cold_fake_mode(*, allow_non_fake_inputs: bool) -> FakeTensorMode:
+    """A FakeTensorMode whose op cache starts empty ([Note: a cold fake-tensor cache])."""
+    FakeTensorMode.cache_clear()
+    return FakeTensorMode(allow_non_fake_inputs=allow_non_fake_inputs)
 
 
 class FakeRules(TorchDispatchMode):

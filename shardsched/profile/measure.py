@@ -101,6 +101,7 @@ class _Hooks:
     def reset(self) -> None:
         self.stack: list[tuple[str, float]] = []
         self.last_layer: str | None = None
+        self.last_kid: dict[str, str] = {}  # per layer, its child that ran last in its current call
         self.fwd: dict[str, float] = defaultdict(float)
         self.bwd: dict[str, float] = defaultdict(float)
         self.bwd_starts: dict[str, list[float]] = defaultdict(list)
@@ -112,6 +113,9 @@ class _Hooks:
             self.first_seen.setdefault(name, len(self.first_seen))
             if name in self.layer_set:
                 self.last_layer = name
+                self.last_kid.pop(name, None)
+            elif name in self.parent:
+                self.last_kid[self.parent[name]] = name
             self.stack.append((name, time.perf_counter()))
 
         def post(m, args, out):
@@ -143,6 +147,13 @@ class _Hooks:
         layer = layer or self.last_layer or self.first_layer
         child = next((n for n, _ in reversed(self.stack) if self.parent.get(n) == layer), None)
         return layer, child
+
+    def after_child(self) -> str | None:
+        """The child whose outside code runs now: the layer's own code after one of its
+        children ran in this call ([Note: the parent's own code in a partition] in plan/units.py)."""
+        layer, child = self.current()
+        running = any(n == layer for n, _ in self.stack)
+        return self.last_kid.get(layer) if running and child is None else None
 
     def remove(self) -> None:
         for h in self.handles:
@@ -205,6 +216,10 @@ def _measure_memory(model: nn.Module, inputs: tuple, hooks: _Hooks, children: li
             outside_largest[layer] = max(outside_largest[layer], st[1])
         if child is not None:
             acts[child] += st[1]
+        elif (kid := hooks.after_child()) is not None:  # the parent's code: the child's outside code
+            acts[kid] += st[1]
+            outside[kid] += st[1]
+            outside_largest[kid] = max(outside_largest[kid], st[1])
         return t
 
     for p in model.parameters():

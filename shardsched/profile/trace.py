@@ -31,7 +31,6 @@ from typing import Any, Sequence
 
 import torch
 import torch.nn as nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from shardsched.core.types import Checkpoint
@@ -41,7 +40,7 @@ from shardsched.profile import layers as L
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.profile.held import HeldOutputs, code_held
-from shardsched.profile.fake_rules import FakeRules as _FakeRules
+from shardsched.profile.fake_rules import FakeRules as _FakeRules, cold_fake_mode
 from shardsched.profile.workspace import ROOT_TAIL, BackwardWorkspace
 from shardsched.profile.workspace_terms import layer_workspace, outside_workspace
 from shardsched.core import sac_policy as sac
@@ -70,7 +69,7 @@ class Untraceable(UsageError):
 # checkpointed everywhere ran 9.6% above its prediction without it (its encoders' outputs).
 
 def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtype: torch.dtype) -> Tracer:
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    mode = cold_fake_mode(allow_non_fake_inputs=False)  # [Note: a cold fake-tensor cache]
     state = fake_state(model, dtype, mode)
     fake_inputs = fake_copy_inputs(inputs, dtype, mode)
     exclude = {storage_key(t) for t in [*state.values(), *L.tensors_in(fake_inputs)]}
@@ -85,6 +84,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         k = storage_key(t)
+        _resaved(tracer, k, t)
         tracer.stats.out_status.saved(k, first=k not in exclude, outside=tracer.outside(), layer=tracer.forward_key()[0])
         if k in exclude and tracer.outside():  # [Note: what outside code saves again]
             owner = tracer.stats.saved_inside.pop(k, None)
@@ -109,6 +109,10 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
             if tracer.outside():
                 st.outside[keys[0]] += nbytes
                 st.outside_largest[keys[0]] = max(st.outside_largest[keys[0]], nbytes)
+            elif (kid := tracer.after_child()) is not None:  # the parent's code: the child's outside code
+                st.acts[kid] += nbytes
+                st.outside[kid] += nbytes
+                st.outside_largest[kid] = max(st.outside_largest[kid], nbytes)
         return t
 
     try:
@@ -171,6 +175,18 @@ class _KeepSaved(TorchDispatchMode):
         for h in self.handles:
             h.remove()
         return super().__exit__(*exc)
+
+
+def _resaved(tracer: Tracer, k: int, t: torch.Tensor) -> None:
+    """`LayerProfile.input_resaved_bytes`: the running layer (and child) saves again an input
+    an earlier layer saved first (a conv after a ReLU), each storage once."""
+    if tracer.outside():
+        return
+    st = tracer.stats
+    for key in tracer.forward_key():
+        if k in st.before_keys.get(key, ()):
+            st.before_keys[key].discard(k)
+            st.input_resaved[key] += t.untyped_storage().nbytes()
 
 
 def _shared_output(st: Stats, k: int, keys: tuple, nbytes: int) -> None:
@@ -238,6 +254,7 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: Stats, device: DeviceS
         **_code_held(name, st),
         outside_kept_bytes=st.outside_kept.get(name, 0), input_saved_bytes=st.input_saved.get(name, 0),
         input_saved_before_bytes=st.input_saved_before.get(name, 0),
+        input_resaved_bytes=st.input_resaved.get(name, 0),
         input_saved_outside_bytes=st.input_saved_outside.get(name, 0), calls=max(1, st.calls.get(name, 1)),
         forward_flops=fwd,
         backward_flops=bwd,

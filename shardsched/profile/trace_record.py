@@ -79,6 +79,8 @@ class Stats:
         self.input_saved: dict[str, int] = defaultdict(int)  # `LayerProfile.input_saved_bytes`
         self.input_saved_before: dict[str, int] = defaultdict(int)  # `LayerProfile.input_saved_before_bytes`
         self.input_saved_outside: dict[str, int] = defaultdict(int)  # `LayerProfile.input_saved_outside_bytes`
+        self.input_resaved: dict[str, int] = defaultdict(int)  # `LayerProfile.input_resaved_bytes`
+        self.before_keys: dict[str, set] = {}  # per module, its first call's inputs an earlier layer saved
         self.outside_largest: dict[str, int] = defaultdict(int)  # its largest tensor
         self.largest_saved: dict[str, int] = defaultdict(int)  # per key: folded keys become outside
         # selective checkpointing ([Note: the selective checkpointing policy] in core/sac_policy.py)
@@ -111,6 +113,7 @@ class Tracer:
         self.kids_ran: list[str] = []
         self.sequence: list[str] = []  # layers as they are called, each run of calls once
         self.last: str | None = None
+        self.last_kid: dict[str, str] = {}  # per layer, its child that ran last in its current call
         self.bwd_key: tuple[str, ...] = ()
         self.stats = Stats()
         self.saved_keys: set = set()  # storages saved for backward so far (and persistent ones): `_run`
@@ -137,6 +140,7 @@ class Tracer:
                 before = {storage_key(t): t for t in L.tensors_in((args, kwargs))
                           if self.stats.saved_inside.get(storage_key(t), name) != name}
                 self.stats.input_saved_before[name] = storage_bytes(list(before.values()))
+                self.stats.before_keys[name] = set(before)
                 # and what code outside every layer saved first: that code keeps it anyway
                 outside = {storage_key(t): t for t in L.tensors_in((args, kwargs))
                            if storage_key(t) in self.saved_keys and storage_key(t) not in self.persistent_keys
@@ -154,8 +158,11 @@ class Tracer:
                 if name not in self.ran:
                     self.ran.append(name)
                 self.last = name
-            elif name not in self.kids_ran:
-                self.kids_ran.append(name)
+                self.last_kid.pop(name, None)
+            else:
+                self.last_kid[self.parent[name]] = name
+                if name not in self.kids_ran:
+                    self.kids_ran.append(name)
             self.stack.append(name)
 
         def post(m, args, kwargs, out):
@@ -182,6 +189,13 @@ class Tracer:
         layer = next((n for n in reversed(self.stack) if n in self.layer_set), None) or self.last or PRE
         child = next((n for n in reversed(self.stack) if self.parent.get(n) == layer), None)
         return (layer,) if child is None else (layer, child)
+
+    def after_child(self) -> str | None:
+        """The child whose outside code runs now: the layer's own code (no child running)
+        after one of its children ran in this call ([Note: the parent's own code in a
+        partition] in plan/units.py); None elsewhere."""
+        keys = self.forward_key()
+        return self.last_kid.get(keys[0]) if len(keys) == 1 and not self.outside() else None
 
     def outside(self) -> bool:
         """No layer's module is running: the code belongs to no layer (folded into one)."""

@@ -86,7 +86,7 @@ def expand(tracer: Tracer, full: list[str], kids: list[str], stacks) -> None:
     targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
     plain = (st.ops, st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
              st.forward_nosave, st.entry, st.exit, st.output, st.recall, st.bucketed,
-             st.outside_kept, st.input_saved, st.input_saved_before, st.input_saved_outside,
+             st.outside_kept, st.input_saved, st.input_saved_before, st.input_saved_outside, st.input_resaved,
              *(d for sc in st.sac.values() for d in (sc.saved, sc.moved, sc.forward, sc.outside)))
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
                   {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
@@ -145,6 +145,7 @@ def fold(stats: Stats, ran: list[str], final: list[str]) -> None:
         stats.outside_kept[target] += stats.outside_kept.pop(k, 0)
         stats.input_saved.pop(k, None)  # its inputs are not the target's
         stats.input_saved_before.pop(k, None)
+        stats.input_resaved.pop(k, None)
         stats.input_saved_outside.pop(k, None)
         stats.outside_largest[target] = max(stats.outside_largest[target], stats.outside_largest.pop(k, 0),
                                             stats.largest_saved.pop(k, 0))

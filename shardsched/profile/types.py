@@ -65,6 +65,11 @@ class LayerProfile:
     ending the block before): counted in that layer's activations only, so a recomputed layer
     holds it beside what it recomputes (`plan.units.recomputed_bytes`). An input code outside
     every layer saved (a ReLU between `nn.Sequential` layers) is that code's, kept anyway."""
+    input_resaved_bytes: int | None = None
+    """Of `input_saved_before_bytes`, what its own code saves again (a conv after a ReLU saves
+    the ReLU's output; a message-passing layer gathers from its input and saves none of it):
+    held by this layer's saved tensors when the layer before recomputes ([Note: the output a
+    recomputed unit hands over] in sim/scenario.py). None = unknown (all of it)."""
     input_saved_outside_bytes: int = 0
     """Of its (first call's) inputs, what code outside every layer saved first (a ReLU between
     `nn.Sequential` layers): in the activations of the layer that code is folded into, kept

@@ -29,6 +29,7 @@ from shardsched.cost.strategy import strategies_for
 from shardsched.plan.schedule import make_scenario
 from shardsched.core.types import Checkpoint, GradSync, Optimizer, Precision, Strategy
 from shardsched.plan.units import ROOT, root_strategy, unit_cost
+from shardsched.plan.units import partition as partition_layer
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.sim.scenario import Scenario, UnitCost
 
@@ -102,39 +103,12 @@ class Problem(NamedTuple):
         return dataclasses.replace(sc, accumulation=self.accumulation, grad_sync=self.grad_sync)
 
 
-def _with_residual(layer: LayerProfile) -> list[LayerProfile]:
-    """The children, the last one absorbing what the parent runs outside them
-    (residual adds, attention core), so the partition costs what the layer does."""
-    kids = list(layer.children)
-    last = kids[-1]
-    residual = layer.activation_bytes - sum(c.activation_bytes for c in kids)
-    kids[-1] = LayerProfile(
-        name=last.name, params=last.params + layer.params - sum(c.params for c in kids),
-        frozen_params=last.frozen_params + layer.frozen_params - sum(c.frozen_params for c in kids),
-        forward_seconds=last.forward_seconds + layer.forward_seconds - sum(c.forward_seconds for c in kids),
-        backward_seconds=last.backward_seconds + layer.backward_seconds - sum(c.backward_seconds for c in kids),
-        activation_bytes=last.activation_bytes + residual,
-        workspace_bytes=last.workspace_bytes, input_bytes=last.input_bytes,
-        forward_peak_bytes=last.forward_peak_bytes, checkpointed_forward_bytes=last.checkpointed_forward_bytes,
-        calls=last.calls, entry_bytes=last.entry_bytes, output_bytes=layer.output_bytes,
-        # its exit window spans the parent's code after it ([Note: exit windows]); the loss after
-        # the parent is after it too
-        exit_bytes=max(last.exit_bytes, layer.exit_bytes),
-        outside_workspace_bytes=max(last.outside_workspace_bytes, layer.outside_workspace_bytes),
-        selective_saved_bytes=last.selective_saved_bytes,  # the parent's code is not the child's
-        selective_forward_bytes=last.selective_forward_bytes, selective_recompute_seconds=last.selective_recompute_seconds,
-        # the parent's own code runs outside the child: checkpointing the child keeps it
-        outside_bytes=last.outside_bytes + max(0, residual),
-        dims=last.dims if layer.params == sum(c.params for c in kids) else ())
-    return kids
-
-
 def atoms(profile: Profile, *, block_params: int, partition: bool) -> list[tuple[LayerProfile, str]]:
     """(atom, owning layer) in execution order; large layers split into children."""
     out = []
     for layer in profile.layers:
         if partition and layer.children and layer.params > block_params:
-            out += [(c, layer.name) for c in _with_residual(layer)]
+            out += [(c, layer.name) for c in partition_layer(layer)]
         else:
             out.append((layer, layer.name))
     return out

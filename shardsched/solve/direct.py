@@ -13,7 +13,7 @@ from shardsched._fmt import short_name
 from shardsched.errors import UsageError
 from shardsched.plan.spec import ACCEPTED, StrategySpec, _match
 from shardsched.core.types import Checkpoint, GradSync, Optimizer, Plan, Precision, SolverInfo
-from shardsched.plan.units import ROOT, group_layers, layer_strategies, root_strategy, unit_cost
+from shardsched.plan.units import ROOT, group_layers, layer_strategies, partition, root_strategy, unit_cost
 from shardsched.profile.types import Profile
 from shardsched.sim.scenario import Scenario, default_launch
 from shardsched.sim.simulate import simulate
@@ -70,8 +70,6 @@ def exact_scenario(profile: Profile, cluster: Cluster, spec, *, precision: Preci
     """The scenario an exact spec names ([Note: exact specs] in `plan/spec.py`): layers split into
     their children where a key names one, one unit per layer or child except `A..B` ranges, the
     launches as written."""
-    from shardsched.solve.candidates import _with_residual
-
     kids = {c.name: layer.name for layer in profile.layers for c in layer.children}
     keys = [key for key, _ in spec.overrides]
     names = [layer.name for layer in profile.layers]
@@ -79,7 +77,7 @@ def exact_scenario(profile: Profile, cluster: Cluster, spec, *, precision: Preci
              for name in (key.split("..") if ".." in key else _children_named(key, list(kids), names)) if name in kids}
     atoms, owner = [], []
     for layer in profile.layers:
-        parts = _with_residual(layer) if layer.name in split and layer.children else [layer]
+        parts = partition(layer) if layer.name in split and layer.children else [layer]
         atoms += parts
         owner += [layer.name] * len(parts)
     anames = [a.name for a in atoms]

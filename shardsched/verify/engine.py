@@ -31,9 +31,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 
-from shardsched.profile.fake_rules import FakeRules
+from shardsched.profile.fake_rules import FakeRules, cold_fake_mode
 from shardsched.core.types import GradSync, Plan, Verified
 from shardsched.runtime.ddp import runs_on_ddp
 from shardsched.runtime.memtrack import tracked_peak
@@ -146,7 +145,8 @@ def verify_plan(model: nn.Module, inputs: tuple, plan: Plan, *, tensors: str = "
     """Run `plan` once on a fake copy of `model` (see the module docstring); `model` and
     `inputs` (one worker's micro-batch, real or on the meta device) are untouched.
     tensors="real": on `model` itself, real (a copy the caller made: `verify.subject`)."""
-    mode = FakeTensorMode(allow_non_fake_inputs=True) if tensors == "fake" else contextlib.nullcontext()
+    # [Note: a cold fake-tensor cache]
+    mode = cold_fake_mode(allow_non_fake_inputs=True) if tensors == "fake" else contextlib.nullcontext()
     with fake_world(plan.world), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # FSDP2's view warnings: the run is ours, not the user's
         if tensors == "fake":

@@ -48,6 +48,27 @@ def test_same_inputs_same_profile_and_repeated_blocks_shortcut(monkeypatch):
     assert trace.trace_profile(model, inputs, name="t", device=CPU) == short
 
 
+def test_a_trace_does_not_depend_on_what_the_process_traced_before():
+    """[Note: a cold fake-tensor cache]: an LSTM's backward workspace was 1 KiB larger on every
+    trace after a process's first (FakeTensorMode's process-wide op cache)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class Lstm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = torch.nn.Embedding(100, 64), torch.nn.Linear(64, 100)
+            self.rnn = torch.nn.LSTM(64, 64, num_layers=3, batch_first=True)
+
+        def forward(self, x, y):
+            return torch.nn.functional.cross_entropy(self.head(self.rnn(self.embed(x))[0]).flatten(0, 1), y.flatten())
+
+    torch.manual_seed(0)
+    model, inputs = Lstm(), (torch.randint(0, 100, (4, 16)), torch.randint(0, 100, (4, 16)))
+    FakeTensorMode.cache_clear()  # as in a fresh process
+    first = trace.trace_profile(model, inputs, name="t", device=CPU)
+    assert [trace.trace_profile(model, inputs, name="t", device=CPU) for _ in range(2)] == [first, first]
+
+
 @pytest.mark.parametrize("cfg, dtype, head_exact", [
     # activation-heavy blocks: the peak is in the MLP's first backward ops
     (GPTConfig(layers=2, hidden=64, heads=2, vocab=256, seq=32, mlp="swiglu", norm="rmsnorm", bias=False),
