@@ -359,9 +359,10 @@ def _with_incoming(child: LayerProfile, incoming: int) -> LayerProfile:
 
 
 def partition(layer: LayerProfile) -> list[LayerProfile]:
-    """A split layer's children as units take them: the last one absorbing what the parent
-    runs outside them (residual adds, attention core, a loss), so the partition costs what the
-    layer does."""
+    """A split layer's children as units take them: each child's outside code (the parent's code
+    after it, folded in by the profilers) holding the gradient it receives, and the last child
+    absorbing the rest of the parent (its code before the first child, its own parameters and
+    seconds), so the partition costs what the layer does."""
     kids = [_with_incoming(c, nxt.input_bytes) for c, nxt in zip(layer.children, layer.children[1:])]
     kids.append(_with_incoming(layer.children[-1], layer.output_bytes))
     last = kids[-1]
