@@ -18,6 +18,7 @@ from pathlib import Path
 from shardsched._flags import add_layers_argument
 from shardsched.train.args import config_from_args, model_choices, world_size
 from shardsched.train.validate import validate
+from shardsched.core.types import Plan
 from shardsched.train.config import TrainConfig
 
 STRATEGIES = ("replicate", "shard_grad_op", "full_shard")
@@ -55,20 +56,30 @@ def bench_configs(args: argparse.Namespace, run_dir: str) -> list[tuple[str, Tra
     return variants
 
 
-def _bench_worker(ctx, variants: list[tuple[str, TrainConfig]], out: str) -> None:
+def _bench_worker(ctx, variants: list[tuple[str, TrainConfig, Plan | None]], out: str) -> None:
     from shardsched.train.trainer import train
     results = {}
-    for label, cfg in variants:
-        results[label] = train(cfg, mesh=ctx.mesh, rank=ctx.rank, device=ctx.device).summary
+    for label, cfg, plan in variants:
+        results[label] = train(cfg, mesh=ctx.mesh, rank=ctx.rank, device=ctx.device, plan=plan).summary
     if ctx.rank == 0:
         Path(out).write_text(json.dumps(results, indent=1))
 
 
+def _planned(cfg: TrainConfig, *, world: int, local: bool) -> tuple[TrainConfig, Plan | None]:
+    """The variant checked, and planned here when this process spawns the workers
+    ([Note: planned before the workers start])."""
+    from shardsched.train.planning import plan_before_workers
+    checked = validate(cfg, world=world)
+    plan = plan_before_workers(checked.cfg, checked.built, world=world, plan=checked.plan) if local else None
+    return checked.cfg, plan
+
+
 def run_bench(args: argparse.Namespace) -> int:
-    from shardsched.train.launcher import WorkerFailed, launch
+    from shardsched.train.launcher import WorkerFailed, external_rendezvous, launch
     world = world_size(args.nproc)
     run_dir = args.run_dir or f"runs/bench-{time.strftime('%Y%m%d-%H%M%S')}"
-    variants = [(label, validate(cfg, world=world)) for label, cfg in bench_configs(args, run_dir)]
+    variants = [(label, *_planned(cfg, world=world, local=external_rendezvous() is None))
+                for label, cfg in bench_configs(args, run_dir)]
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     out = str(Path(run_dir) / "bench.json")
     try:

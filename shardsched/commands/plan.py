@@ -199,9 +199,13 @@ def _finish(args: argparse.Namespace, plan: Plan, profile, cluster: Cluster, bud
                          f"the usable budget {fmt_bytes(budget.usable)} (--memory-budget {fmt_bytes(given)} less "
                          f"{fmt_bytes(budget.headroom_bytes)} --headroom); try --strategy auto\n")
     if given is not None and plan.verified is not None and plan.verified.peak_bytes > budget.usable:
-        kernels = " on CPU kernels (GPU kernels save less)" if profile.source == "analytic" and plan.device != "cpu" else ""
+        cpu_program = profile.source == "analytic" and plan.device != "cpu"
+        kernels = " on CPU kernels (GPU kernels save less)" if cpu_program else ""
+        advice = "try --strategy auto" if plan.solver.name in ("uniform", "manual") else \
+            ("the prediction prices the GPU's kernels ([Note: what the CPU verifies of a GPU plan])" if cpu_program
+             else "try a larger --memory-budget")
         sys.stderr.write(f"shardsched plan: warning: verified peak {fmt_bytes(plan.verified.peak_bytes)}{kernels} "
-                         f"exceeds the usable budget {fmt_bytes(budget.usable)}; try --strategy auto\n")
+                         f"exceeds the usable budget {fmt_bytes(budget.usable)}; {advice}\n")
     device_memory_warning(plan, cluster)
     if args.out:
         atomic_write(args.out, plan.to_json() + "\n")

@@ -71,9 +71,9 @@ class _GlobalBatch(argparse.Action):
         namespace.choose_batch = True
 
 
-def _train_worker(ctx, cfg: TrainConfig) -> None:
+def _train_worker(ctx, cfg: TrainConfig, plan=None) -> None:
     from shardsched.train.trainer import train
-    train(cfg, mesh=ctx.mesh, rank=ctx.rank, device=ctx.device)  # rank 0 also writes RUN_DIR/train.log
+    train(cfg, mesh=ctx.mesh, rank=ctx.rank, device=ctx.device, plan=plan)  # rank 0 also writes RUN_DIR/train.log
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -94,13 +94,19 @@ def run_train(args: argparse.Namespace) -> int:
     world = world_size(args.nproc)
     cfg = config_from_args(args)
     check_local_workers(cfg, world=world, external=rdzv is not None)  # before anything builds the model
-    cfg = validate(cfg, world=world)
+    checked = validate(cfg, world=world)
+    cfg = checked.cfg
     check_user_model_shape(args)
     if reused and not cfg.quiet and _is_first_process():
         print(reused, flush=True)
+    plan = None
+    if rdzv is None:  # [Note: planned before the workers start]
+        from shardsched.train.planning import plan_before_workers
+        plan = plan_before_workers(cfg, checked.built, world=world, plan=checked.plan)
+    del checked
     try:
         with run_dir_lock(cfg.run_dir, enabled=_is_first_process()):
-            launch(_train_worker, nproc=world, args=(cfg,))
+            launch(_train_worker, nproc=world, args=(cfg, plan))
     except WorkerFailed as e:
         report(cfg.run_dir, f"shardsched train: {e}")
         return 1

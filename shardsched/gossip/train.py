@@ -97,7 +97,7 @@ def run_gossip_train(args: argparse.Namespace) -> int:
     world = world_size(DEFAULT_NPROC if args.nproc is None else args.nproc)
     _refuse_sharding(args, world)
     cfg = gossip_config_from_args(args, world)
-    train = validate(cfg.train, world=world)
+    train = validate(cfg.train, world=world).cfg
     segment_bounds(build_model(train), cfg.gossip.segments)  # UsageError for too many segments
     if train.resume:
         gckpt.check_resumable(Path(train.resume), world=world)

@@ -94,6 +94,20 @@ def _mesh_2d(mesh: DeviceMesh, meshes: dict, shard: int) -> DeviceMesh:
     return meshes[shard]
 
 
+def _real_post_forward_mesh(strategy: Strategy):
+    """[Note: the post-forward mesh of full_shard/node] `fully_shard(reshard_after_forward=k)`
+    builds a DeviceMesh of k-rank groups (`_fsdp_init._get_post_forward_mesh_info`), whose
+    ranks must be a real tensor: under the verifier's FakeTensorMode the mesh's view became
+    fake and its `tolist()` a data-dependent error, so every full_shard/node plan went
+    unverified. The call runs with fake mode unset, as `replicate_mesh` does for its mesh;
+    the parameters are fake tensors already, so their shards stay fake. Outside a fake mode
+    this changes nothing."""
+    if strategy is not Strategy.FULL_SHARD_NODE:
+        return contextlib.nullcontext()
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    return unset_fake_temporarily()
+
+
 def unit_kwargs(strategy: Strategy, mesh: DeviceMesh, meshes: dict, gpus_per_node: int) -> dict:
     """`fully_shard`'s mesh and reshard_after_forward for one strategy."""
     if strategy is Strategy.REPLICATE:
@@ -184,8 +198,9 @@ def parallelize(model: nn.Module, plan: Plan, *, mesh: DeviceMesh, ddp: bool = T
         if unit is root:
             continue  # `fully_shard(model)` below (plan/units.py, [Note: the root unit])
         modules = [model.get_submodule(name) for name in unit.layers]
-        fully_shard(modules if len(modules) > 1 else modules[0], mp_policy=mp, ignored_params=scalars or None,
-                    **unit_kwargs(unit.strategy, mesh, meshes, plan.gpus_per_node))
+        with _real_post_forward_mesh(unit.strategy):
+            fully_shard(modules if len(modules) > 1 else modules[0], mp_policy=mp, ignored_params=scalars or None,
+                        **unit_kwargs(unit.strategy, mesh, meshes, plan.gpus_per_node))
         heads[unit.name] = modules[0]  # grouped units share one state, reached via the first
     # The root never reshards after forward (FSDP2 clears its post-forward mesh): its
     # strategy's mesh, reshard_after_forward=False (`plan.units.root_strategy`).

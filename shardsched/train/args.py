@@ -13,7 +13,7 @@ from shardsched.train.config import TrainConfig
 from shardsched.train.validate import check_config, check_train_args, read_saved_config
 
 DEFAULT_STEPS = 500
-"""About a minute for the tiny model with 2 workers on 2 CPU cores (measured ~0.09 s/step: 500 steps ~ 45 s plus ~10 s start-up and profiling)."""
+"""About a minute for the tiny model with 2 workers on 2 CPU cores (measured ~0.09 s/step: 500 steps ~ 45 s plus ~7 s start-up: planning, verifying, forking the workers)."""
 
 def model_choices() -> str:
     """What `--model` accepts besides `python:` and `hf:` (its help and its errors say it)."""

@@ -35,6 +35,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from shardsched.errors import UsageError
 from shardsched.train.interrupt import Interrupted, install_handlers
+from shardsched.train.start import Inherited, context, start_method
 from shardsched.train.supervise import WorkerFailed, supervise  # noqa: F401 (callers catch WorkerFailed)
 
 DEFAULT_TIMEOUT_SECONDS = 180.0
@@ -191,14 +192,17 @@ def launch(fn: Callable[..., Any], *, nproc: int, args: tuple = (),
     rdzv = Rendezvous(rank=0, world=nproc, local_rank=0, local_world=nproc, addr="127.0.0.1", port=free_port())
     # torch logs one warning per worker it terminates; our own message names the culprit.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    state = mp.get_context("spawn").Array("q", 2 * nproc, lock=False)  # per worker: finished?, steps at stop
-    pc = mp.start_processes(_spawned_main, args=(fn, args, rdzv, timeout_seconds, state),
-                            nprocs=nproc, join=False, start_method="spawn")
+    method = start_method()  # [Note: workers forked from a preloaded server]
+    state = context(method).Array("q", 2 * nproc, lock=False)  # per worker: finished?, steps at stop
+    pc = mp.start_processes(_spawned_main, args=(fn, args, rdzv, timeout_seconds, state, Inherited()),
+                            nprocs=nproc, join=False, start_method=method)
     supervise(pc, state)
 
 
-def _spawned_main(local_index: int, fn, args: tuple, rdzv: Rendezvous, timeout_seconds: float, state) -> None:
-    """A locally spawned worker: records a clean finish, exits 128+signal when stopped."""
+def _spawned_main(local_index: int, fn, args: tuple, rdzv: Rendezvous, timeout_seconds: float, state,
+                  inherited: Inherited) -> None:
+    """A locally started worker: records a clean finish, exits 128+signal when stopped."""
+    inherited.apply()
     install_handlers()
     try:
         _worker_main(local_index, fn, args, rdzv, timeout_seconds)

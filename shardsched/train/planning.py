@@ -1,7 +1,8 @@
 """Where a run's plan comes from: --plan, or profiled and planned here.
 
-Rank 0 loads or makes the plan and every worker receives the same one, so all
-workers shard identically.
+The launching process (`plan_before_workers`), or under torchrun/SLURM rank 0
+(`obtain_plan`), loads or makes the plan and every worker receives the same one,
+so all workers shard identically.
 
 [Note: deterministic plans. The same command must give the same plan on every
 run (issue 7), so nothing the planner reads is a timing taken at start: links
@@ -187,6 +188,21 @@ def local_accumulation(cfg: TrainConfig, *, world: int):
         return None
     acc = resolve(batch=cfg.batch, world=world, micro_batch=cfg.micro_batch, grad_sync=cfg.grad_sync)
     return (acc.steps, acc.grad_sync) if acc.steps > 1 else None
+
+
+def plan_before_workers(cfg: TrainConfig, built: Built, *, world: int, plan: Plan | None) -> Plan:
+    """The run's plan, made in the launching process before it spawns the workers.
+
+    [Note: planned before the workers start]
+    A run whose workers this process spawns plans here, where no process group exists
+    yet: the engine verifies the plan in this process (`verify.subject.verifier`), with
+    the model `validate` already built, and every worker receives the plan as an
+    argument. Planned on rank 0 instead, the verification needs a fresh interpreter
+    (a worker holds a process group, [Note: the fake world is this process's own]) that
+    imports torch and rebuilds the model again (measured ~5 CPU s per run on 2 cores),
+    and a budget nothing fits is found after the workers started. Under torchrun or SLURM
+    every process is a worker, so rank 0 plans (`obtain_plan`)."""
+    return plan if plan is not None else make_local_plan(cfg, built, world=world)
 
 
 def obtain_plan(cfg: TrainConfig, built: Built, *, mesh: DeviceMesh, rank: int) -> Plan:

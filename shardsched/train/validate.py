@@ -13,6 +13,7 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from shardsched._flags import MAX_SEED, check_int, check_positive_float, flag, layers_items, reject_empty_strings
 from shardsched._json import loads_strict
@@ -116,9 +117,20 @@ def check_config(cfg: TrainConfig) -> None:
         layers_items(cfg.layers)
 
 
-def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
-    """Check everything checkable before workers start; returns cfg with the
-    checkpoint to resume from resolved (messages about skipped ones printed here)."""
+class Validated(NamedTuple):
+    """What `validate` checked, for the parent to plan with before any worker starts."""
+
+    cfg: TrainConfig
+    """The config, with the checkpoint to resume from resolved."""
+    built: Any
+    """`train.task.Built`: the model as built here, its forward run once."""
+    plan: Any
+    """The --plan read and checked against the model, or None when the run plans."""
+
+
+def validate(cfg: TrainConfig, *, world: int) -> Validated:
+    """Check everything checkable before workers start (messages about skipped
+    checkpoints printed here)."""
     from shardsched.plan.spec import parse_strategy_spec
     from shardsched.train import checkpoint as ckpt
     from shardsched.train.planning import load_plan, run_device
@@ -145,7 +157,7 @@ def validate(cfg: TrainConfig, *, world: int) -> TrainConfig:
     check_run_dir_is_free(cfg)
     for note in task.notes:  # only once the input is good: an error stays one line
         print(f"note: {note}", file=sys.stderr)
-    return cfg
+    return Validated(cfg=cfg, built=built, plan=plan)
 
 
 def execution_order(model, inputs: tuple) -> dict[str, int]:

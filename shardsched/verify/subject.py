@@ -65,29 +65,48 @@ def model_for(subject: Subject, plan: Plan) -> tuple[Any, tuple]:
 
 def verifier(subject: Subject) -> Callable[[Plan], Verified]:
     """verify(plan) -> Verified: on fake tensors, or for real when the model needs values
-    ([Note: models that cannot run on fake tensors]); raises `Unverifiable` when neither can."""
+    ([Note: models that cannot run on fake tensors]); raises `Unverifiable` when neither can.
+    A plan that runs as one verified before (the same units at another budget: a sweep's
+    budgets above the point where more memory stops helping) is not run again."""
+    seen: dict[str, Verified] = {}
+
     def verify(plan: Plan) -> Verified:
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():  # [Note: the fake world is this process's own]
-            if subject.recipe is None:
-                raise Unverifiable("this process holds a process group and the model has no --model spec "
-                                   "to verify it elsewhere")
-            return verify_elsewhere(subject.recipe, plan)
-        return _cached(subject, plan, lambda: _verify_here(subject, plan))
+        key = executed(plan).to_json()
+        if key not in seen:
+            seen[key] = _verify(subject, plan)
+        return seen[key]
     return verify
+
+
+def executed(plan: Plan) -> Plan:
+    """`plan` less what does not change the run the engine makes of it: the budget it was
+    fitted to, its predictions, the solver's record and its notes."""
+    import dataclasses
+
+    from shardsched.core.types import Predicted, SolverInfo
+    return dataclasses.replace(plan, memory_budget_bytes=None, usable_budget_bytes=None, headroom_bytes=0,
+                               predicted=Predicted(), solver=SolverInfo(), notes=(), verified=None,
+                               strategy_spec="")
+
+
+def _verify(subject: Subject, plan: Plan) -> Verified:
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():  # [Note: the fake world is this process's own]
+        if subject.recipe is None:
+            raise Unverifiable("this process holds a process group and the model has no --model spec "
+                               "to verify it elsewhere")
+        return verify_elsewhere(subject.recipe, plan)
+    return _cached(subject, plan, lambda: _verify_here(subject, plan))
 
 
 def _cached(subject: Subject, plan: Plan, run: Callable[[], Verified]) -> Verified:
     """`run()` through the profile cache, keyed by the model and the plan ([Note: the profile
     cache] in profile/cache.py: a second plan of a model makes no fake tensors); subjects with
     no model (analytic) are verified each time."""
-    import dataclasses
-
     from shardsched.profile import cache
     if subject.model is None:
         return run()
-    timeless = dataclasses.replace(plan, verified=None, solver=dataclasses.replace(plan.solver, seconds=0.0))
-    key = cache.model_key(subject.model, subject.inputs, timeless.to_json())  # the solver's wall time varies
+    key = cache.model_key(subject.model, subject.inputs, executed(plan).to_json())
     return cache.cached("verified", key, run, to_text=lambda v: json.dumps(to_dict(v)),
                         from_text=lambda t: from_dict(Verified, json.loads(t)))
 

@@ -1,6 +1,7 @@
 """Refused starts change nothing (issue 29): a size beyond what a plan file holds is refused
-before any worker starts; a budget no plan fits or an override that names no layer (refused
-by the workers, which plan) leaves no run directory, or an existing one as it was."""
+before any worker starts; a budget no plan fits or an override that names no layer is refused
+by the launching process, which plans before any worker starts ([Note: planned before the
+workers start]), and leaves no run directory, or an existing one as it was."""
 from __future__ import annotations
 
 import pytest
@@ -32,7 +33,10 @@ def test_a_huge_budget_is_one_line_before_any_worker(tmp_path, capsys):
     (["--strategy", "full_shard,nomatch.*=replicate"], "'nomatch.*' matches no layer"),
 ])
 @pytest.mark.parametrize("existing", [False, True])
-def test_refused_starts_leave_nothing(flags, fragment, existing, tmp_path, capsys):
+def test_refused_starts_leave_nothing(flags, fragment, existing, tmp_path, capsys, monkeypatch):
+    def no_workers(*args, **kwargs):
+        raise AssertionError("a worker was started")
+    monkeypatch.setattr("shardsched.train.launcher.launch", no_workers)
     run = tmp_path / "runs" / "r"
     if existing:  # an earlier run's log is not appended to
         run.mkdir(parents=True)

@@ -21,19 +21,26 @@ TINY = "gpt:layers=2,hidden=32,heads=2,seq=16"
 ARGS = ["--model", TINY, "--seq", "16", "--batch", "4", "--strategy", "full_shard", "--nproc", "2", "--quiet"]
 
 
-def _children(pid: int) -> list[int]:
-    """The worker processes of pid (not multiprocessing's resource tracker)."""
-    kids = []
+def _processes() -> dict[int, tuple[int, bytes]]:
+    """pid -> (parent pid, command line) of every process."""
+    out = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 stat = Path(f"/proc/{entry}/stat").read_text()
+                out[int(entry)] = (int(stat.rsplit(")", 1)[1].split()[1]), Path(f"/proc/{entry}/cmdline").read_bytes())
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and \
-                    b"spawn_main" in Path(f"/proc/{entry}/cmdline").read_bytes():
-                kids.append(int(entry))
-    return kids
+    return out
+
+
+def _children(pid: int) -> list[int]:
+    """The worker processes of pid: spawned by it, or forked by the fork server it started
+    ([Note: workers forked from a preloaded server]); not multiprocessing's resource tracker."""
+    procs = _processes()
+    servers = {p for p, (parent, cmd) in procs.items() if parent == pid and b"forkserver" in cmd}
+    return [p for p, (parent, cmd) in procs.items()
+            if (parent == pid and b"spawn_main" in cmd) or parent in servers]
 
 
 def _alive(pid: int) -> bool:

@@ -35,6 +35,17 @@ def test_fake_tensors_measure_what_real_tensors_measure(build, strategy):
     assert abs(fake.peak_bytes / real - 1) < 0.001, (fake.peak_bytes, real)
 
 
+def test_a_plan_resharding_to_the_node_after_forward_runs_on_fake_tensors():
+    """full_shard/node (`reshard_after_forward` = the node size): FSDP2 builds the node mesh in
+    `fully_shard`, which under fake mode failed as data-dependent, so such plans went unverified
+    ([Note: the post-forward mesh of full_shard/node])."""
+    model, inputs = um.build_vit()
+    plan = plan_model(model, inputs, world=8, gpus_per_node=4, strategy="full_shard/node")
+    assert plan.verified is not None and plan.verified.tensors == "fake", plan.notes
+    real = measured_peak(copy.deepcopy(model), inputs, plan)
+    assert abs(plan.verified.peak_bytes / real - 1) < 0.001, (plan.verified.peak_bytes, real)
+
+
 def test_the_model_is_left_as_it_was():
     model, inputs = um.build_shared()
     before = {n: p.clone() for n, p in model.named_parameters()}
@@ -99,3 +110,28 @@ def test_a_scalar_parameter_stays_whole_and_its_gradient_is_averaged(tmp_path):
     assert kind == "Parameter"  # not a DTensor: kept out of sharding
     assert grad == pytest.approx(sum(local) / len(local), rel=1e-5)
     assert abs(local[0] - local[1]) > 1e-4  # the ranks really differed
+
+
+def test_a_plan_is_run_once_whatever_budget_it_was_fitted_to(monkeypatch):
+    """A sweep's budgets above the point where memory stops helping give one plan again and
+    again: the engine runs it once (`verify.subject.executed`); a change to a unit runs again."""
+    import dataclasses
+
+    from shardsched.core.types import Strategy
+    from shardsched.verify import subject
+    model, inputs = um.build_vit()
+    plan = plan_model(model, inputs, world=4, strategy="full_shard", verify=False)
+    runs = []
+    engine = subject._verify
+    monkeypatch.setattr(subject, "_verify", lambda s, p: runs.append(p) or engine(s, p))
+    verify = subject.verifier(subject.Subject(model, inputs, build=None))
+    first = verify(plan)
+    again = verify(dataclasses.replace(plan, memory_budget_bytes=1 << 30, usable_budget_bytes=1 << 30,
+                                       notes=("fitted to another budget",)))
+    assert again == first and len(runs) == 1
+    i = next(i for i, u in enumerate(plan.units) if u.strategy is Strategy.FULL_SHARD)
+    units = list(plan.units)
+    units[i] = dataclasses.replace(units[i], strategy=Strategy.SHARD_GRAD_OP)
+    other = dataclasses.replace(plan, units=tuple(units))
+    verify(other)
+    assert len(runs) == 2
