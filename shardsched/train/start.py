@@ -56,20 +56,25 @@ class Inherited:
         self.fds = fds
 
     def __reduce__(self):
-        # stdout and stderr as file descriptors, as a spawned worker inherits them
-        return (Inherited, (self.env, (multiprocessing.reduction.DupFd(1), multiprocessing.reduction.DupFd(2))))
+        # stdout and stderr as file descriptors, as a spawned worker inherits them; a stream
+        # this process started without (`>&-`: Python's sys.__stdout__ is None) is not passed,
+        # since its number may since name another file
+        fds = tuple(multiprocessing.reduction.DupFd(fd) if stream is not None else None
+                    for fd, stream in ((1, sys.__stdout__), (2, sys.__stderr__)))
+        return (Inherited, (self.env, fds))
 
     def apply(self) -> None:
         """In the worker: take the parent's environment and standard streams."""
         os.environ.clear()
         os.environ.update(self.env)
-        if self.fds is None:
-            return
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for target, fd in zip((1, 2), self.fds):
+        for target, fd, name in zip((1, 2), self.fds or (None, None), ("stdout", "stderr")):
+            if fd is None:
+                continue
+            if getattr(sys, name) is not None:
+                getattr(sys, name).flush()
             got = fd.detach()
             if got != target:
                 os.dup2(got, target)
                 os.close(got)
-
+            if getattr(sys, name) is None:  # the server started without it
+                setattr(sys, name, open(target, "w", buffering=1, closefd=False))
