@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 from shardsched._flags import add_layers_argument
+from shardsched.core.types import Plan
 from shardsched.train.args import config_from_args, model_choices, world_size
 from shardsched.train.validate import validate
-from shardsched.core.types import Plan
 from shardsched.train.config import TrainConfig
 
 STRATEGIES = ("replicate", "shard_grad_op", "full_shard")
@@ -70,7 +70,7 @@ def _planned(cfg: TrainConfig, *, world: int, local: bool) -> tuple[TrainConfig,
     ([Note: planned before the workers start])."""
     from shardsched.train.planning import plan_before_workers
     checked = validate(cfg, world=world)
-    plan = plan_before_workers(checked.cfg, checked.built, world=world, plan=checked.plan) if local else None
+    plan = plan_before_workers(checked, world=world) if local else None
     return checked.cfg, plan
 
 

@@ -102,7 +102,7 @@ def run_train(args: argparse.Namespace) -> int:
     plan = None
     if rdzv is None:  # [Note: planned before the workers start]
         from shardsched.train.planning import plan_before_workers
-        plan = plan_before_workers(cfg, checked.built, world=world, plan=checked.plan)
+        plan = plan_before_workers(checked, world=world)
     del checked
     try:
         with run_dir_lock(cfg.run_dir, enabled=_is_first_process()):

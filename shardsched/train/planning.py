@@ -190,8 +190,9 @@ def local_accumulation(cfg: TrainConfig, *, world: int):
     return (acc.steps, acc.grad_sync) if acc.steps > 1 else None
 
 
-def plan_before_workers(cfg: TrainConfig, built: Built, *, world: int, plan: Plan | None) -> Plan:
-    """The run's plan, made in the launching process before it spawns the workers.
+def plan_before_workers(checked, *, world: int) -> Plan:
+    """The run's plan (`checked`: what `train.validate.validate` returned: its --plan, else one
+    made here), in the launching process before it spawns the workers.
 
     [Note: planned before the workers start]
     A run whose workers this process spawns plans here, where no process group exists
@@ -202,7 +203,7 @@ def plan_before_workers(cfg: TrainConfig, built: Built, *, world: int, plan: Pla
     imports torch and rebuilds the model again (measured ~5 CPU s per run on 2 cores),
     and a budget nothing fits is found after the workers started. Under torchrun or SLURM
     every process is a worker, so rank 0 plans (`obtain_plan`)."""
-    return plan if plan is not None else make_local_plan(cfg, built, world=world)
+    return checked.plan if checked.plan is not None else make_local_plan(checked.cfg, checked.built, world=world)
 
 
 def obtain_plan(cfg: TrainConfig, built: Built, *, mesh: DeviceMesh, rank: int) -> Plan:
