@@ -186,6 +186,8 @@ class _Memory(NamedTuple):
     outside_largest: dict[str, int]
     """The largest tensor that outside code saved."""
     workspace: dict[str, int]
+    loss_window: dict[str, int]
+    """The code after the last layer, its backward as measured ([Note: the loss's backward window])."""
 
 
 def _measure_memory(model: nn.Module, inputs: tuple, hooks: _Hooks, children: list[str]) -> _Memory:
@@ -232,13 +234,14 @@ def _measure_memory(model: nn.Module, inputs: tuple, hooks: _Hooks, children: li
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 loss = _loss(model(*inputs))
             kept.clear()  # the graph holds what backward needs; activations must free as it runs
+            ws.backward_starts()
             loss.backward()
             del loss
     finally:
         workspace = ws.finish()
         for p in model.parameters():
             p.grad = None
-    return _Memory(acts, outside, outside_largest, workspace)
+    return _Memory(acts, outside, outside_largest, workspace, ws.loss_window)
 
 
 def _timed_steps(model: nn.Module, inputs: tuple, hooks: _Hooks, *, repeats: int, warmup: int):
@@ -321,7 +324,8 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
                             activation_bytes=mem.acts.get(n, 0),
                             workspace_bytes=mem.workspace.get(ROOT_TAIL, 0) if root else layer_workspace(
                                 mem.workspace.get(n, 0), mem.acts.get(n, 0) - mem.outside.get(n, 0), grad_bytes),
-                            outside_workspace_bytes=0 if root else outside_workspace(mem.outside_largest.get(n, 0)),
+                            outside_workspace_bytes=0 if root else outside_workspace(mem.outside_largest.get(n, 0),
+                                                                                     mem.loss_window.get(n, 0)),
                             input_bytes=hooks.input_bytes.get(n, 0), outside_bytes=mem.outside.get(n, 0),
                             children=kids)
 

@@ -120,7 +120,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
             warnings.simplefilter("ignore")
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 loss = loss_of(torch.func.functional_call(model, untied(state), fake_inputs, tie_weights=True))
-            ws.close_exits()  # the loss is computed: backward is not code between modules
+            ws.backward_starts()  # the loss is computed: backward is not code between modules
             kept.clear()  # the graph holds what backward needs; activations must free as it runs
             tracer.stats.sac_forward = False
             loss.backward()
@@ -137,6 +137,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         tracer.stats.exit.update(ws.exit)
         tracer.stats.recall.update(ws.recall)
         tracer.stats.bucketed.update(ws.bucketed)
+        tracer.stats.loss_window.update(ws.loss_window)
         tracer.remove()
     with restored(model), quiet_fake_tensor_log(), hf_one_sequence_per_row(), mode, masks, rules, warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -241,7 +242,8 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: Stats, device: DeviceS
         forward_ops=st.ops.get(name, 0),
         activation_bytes=st.acts.get(name, 0),
         workspace_bytes=_workspace(name, params, st),
-        outside_workspace_bytes=outside_workspace(st.outside_largest.get(name, 0)) if name != L.ROOT else 0,
+        outside_workspace_bytes=outside_workspace(st.outside_largest.get(name, 0), st.loss_window.get(name, 0))
+        if name != L.ROOT else 0,
         forward_peak_bytes=st.forward_peak.get(name, 0) if name != L.ROOT else 0,
         checkpointed_forward_bytes=st.forward_nosave.get(name, 0) if name != L.ROOT else 0,
         exit_bytes=st.exit.get(name, 0) if name != L.ROOT else 0, output_bytes=st.output.get(name, 0),

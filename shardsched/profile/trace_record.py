@@ -82,6 +82,7 @@ class Stats:
         self.input_resaved: dict[str, int] = defaultdict(int)  # `LayerProfile.input_resaved_bytes`
         self.before_keys: dict[str, set] = {}  # per module, its first call's inputs an earlier layer saved
         self.outside_largest: dict[str, int] = defaultdict(int)  # its largest tensor
+        self.loss_window: dict[str, int] = defaultdict(int)  # measured, [Note: the loss's backward window]
         self.largest_saved: dict[str, int] = defaultdict(int)  # per key: folded keys become outside
         # selective checkpointing ([Note: the selective checkpointing policy] in core/sac_policy.py)
         self.sac = {mode: SacStats(mode) for mode in sac.MODES}  # per policy (`+sac`, `+sac-all`)

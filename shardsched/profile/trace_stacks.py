@@ -150,6 +150,7 @@ def fold(stats: Stats, ran: list[str], final: list[str]) -> None:
         stats.outside_largest[target] = max(stats.outside_largest[target], stats.outside_largest.pop(k, 0),
                                             stats.largest_saved.pop(k, 0))
         stats.workspace[target] = max(stats.workspace[target], stats.workspace.pop(k, 0))
+        stats.loss_window[target] = max(stats.loss_window[target], stats.loss_window.pop(k, 0))
         stats.forward_peak[target] = max(stats.forward_peak[target], stats.forward_peak.pop(k, 0))
         stats.forward_nosave[target] = max(stats.forward_nosave[target], stats.forward_nosave.pop(k, 0))
         stats.exit[target] = max(stats.exit[target], stats.exit.pop(k, 0))

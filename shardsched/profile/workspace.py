@@ -20,6 +20,8 @@ put a tied head's loss backward, its weight-gradient accumulation and whatever t
 returned on top of the first layer's own peak (HF GPT-2 at seq 1024: +15..23%). Its
 transient is taken as the old guess instead, two of the largest tensor it saved
 (`outside_workspace`: cross-entropy's gradients of its (T, vocab) inputs; exact there).
+The old guess is a floor: the code's backward is also watched as a window of its own, from
+`backward_starts` to the first layer window ([Note: the loss's backward window]).
 A layer none of whose inputs needs a gradient (the embedding) gets its backward hook
 before its weight gradient exists, so its window stays open until backward ends.
 Live bytes are counted as PyTorch's `torch.distributed._tools.mem_tracker.MemTracker`
@@ -177,6 +179,23 @@ def watch_backward(module: nn.Module, start, end) -> list:
 ROOT_TAIL = "<root-tail>"
 
 
+# [Note: the loss's backward window]
+# The code after the last layer (the loss, a scale, a boolean mask) runs its backward first,
+# before any layer window opens. "Two of its largest saved tensor" is exact for cross-entropy
+# over (T, vocab) logits, and short where that code does more: a 0-dim `logit_scale` in front
+# of a masked loss holds the (M, vocab) gradient of the selection, the (T, vocab) one of the
+# logits the index's backward scatters it into, and the product the scale's gradient reduces
+# (a frozen GRU LM was 3.7% under its verified peak). So the window is measured too: live
+# bytes from the start of backward until the first layer window opens, every free counted
+# (the code's saved tensors go as its backward runs, and the memory model has them all live
+# at that moment), less what it produced that is still alive when the window closes other
+# than the gradient flowing into the layer: gradients in flight (a tied head's weight
+# gradient waiting for the embedding's, a root parameter's accumulated one), which the
+# layer windows and the root's gradients count ([Note: gradients held beside a window]).
+# Measured from the event log of the window, so a tensor left out is left out from its
+# allocation on. `outside_workspace` takes the larger of this and the old guess.
+
+
 class BackwardWorkspace(TorchDispatchMode):
     """Enter it around forward and backward; `workspace[name]` then holds each hooked
     module's backward workspace in bytes ([Note: what the backward workspace is])."""
@@ -222,6 +241,12 @@ class BackwardWorkspace(TorchDispatchMode):
         self.exit: dict[str, int] = {}
         """Per module, the most the code after it holds that nothing saved ([Note: exit
         windows])."""
+        self._count = 0
+        self._keys = WeakIdKeyDictionary()  # storage -> a number naming it in the loss's window log
+        self._log: list[tuple[int, int]] | None = None  # (storage key, +/- bytes) while the window is open
+        self.loss_window: dict[str, int] = {}
+        """The layer whose window opened first in backward -> the peak of the code after it, its
+        backward run before ([Note: the loss's backward window])."""
         for name in [*(n for n in layers if n), *children]:
             self._attach(model.get_submodule(name), name)
 
@@ -237,10 +262,35 @@ class BackwardWorkspace(TorchDispatchMode):
         nbytes = st.nbytes()
         self._seen[st] = nbytes
         self.live += nbytes
-        weakref.finalize(st, self._free, nbytes)
+        self._count += 1
+        key = self._keys[st] = self._count
+        if self._log is not None:
+            self._log.append((key, nbytes))
+        weakref.finalize(st, self._free, nbytes, key)
 
-    def _free(self, nbytes: int) -> None:
+    def _free(self, nbytes: int, key: int = 0) -> None:
         self.live -= nbytes
+        if self._log is not None:
+            self._log.append((key, -nbytes))
+
+    def backward_starts(self) -> None:
+        """The loss is computed and backward begins: open the loss's window ([Note: the loss's
+        backward window]); the first layer window to open closes it."""
+        self.close_exits()
+        self._log = []
+
+    def _close_loss_window(self, name: str, grad) -> None:
+        log, self._log = self._log, None
+        made = {k for k, d in log if d > 0}
+        alive = made - {k for k, d in log if d < 0}
+        incoming = {self._keys.get(g.untyped_storage(), 0) for g in [grad] if isinstance(g, torch.Tensor)}
+        left_out = alive - incoming  # gradients in flight: counted where they wait
+        running = peak = 0
+        for key, delta in log:
+            if key not in left_out:
+                running += delta
+                peak = max(peak, running)
+        self.loss_window[self._parents.get(name, name)] = peak
 
     def _accumulated(self, param: torch.Tensor) -> None:
         """A parameter's gradient is in `.grad` (its first one stored, later ones added in)."""
@@ -273,6 +323,8 @@ class BackwardWorkspace(TorchDispatchMode):
 
     def _attach(self, module: nn.Module, name: str) -> None:
         def start(grad):
+            if self._log is not None:
+                self._close_loss_window(name, grad)
             base = self.live - self._incoming([grad])
             flight = base - self.saved_live - self.grads - sum(self._pending.values())
             held = self._held(name, flight)
@@ -341,6 +393,7 @@ class BackwardWorkspace(TorchDispatchMode):
     def finish(self) -> dict[str, int]:
         """Close the windows still open (layers without input gradients); remove the hooks."""
         tail = self._tail
+        self._log = None  # no layer window opened: nothing ran after the loss's code
         for name in list(self._open):
             self._close(name)
         if tail is not None:  # [Note: the root's backward tail]

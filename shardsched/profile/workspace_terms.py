@@ -22,8 +22,9 @@ def layer_workspace(measured: int, activation_bytes: int, grad_bytes: int) -> in
     return above_model(measured, activation_bytes, grad_bytes)
 
 
-def outside_workspace(outside_largest: int) -> int:
+def outside_workspace(outside_largest: int, measured: int = 0) -> int:
     """`LayerProfile.outside_workspace_bytes`: the backward of the code outside the layer folded
     into it, two of the largest tensor that code saved (cross-entropy's gradients of its
-    (T, vocab) inputs)."""
-    return 2 * outside_largest
+    (T, vocab) inputs), or its backward window as measured where that is more ([Note: the
+    loss's backward window] in `profile/workspace.py`). 0 where the layer has no such code."""
+    return max(2 * outside_largest, measured) if outside_largest else 0

@@ -18,7 +18,7 @@ import math
 import time
 
 from shardsched._fmt import fmt_bytes
-from shardsched.cost.device import Cluster
+from shardsched.cost.device import Cluster, DeviceSpec
 from shardsched.errors import UsageError
 from shardsched.solve.baselines import Scored, score, uniform_baselines
 from shardsched.solve.candidates import Choice, Problem, candidate_problems, finest_problem
@@ -198,7 +198,7 @@ def infeasible_message(profile: Profile, cluster: Cluster, *, budget: int, probl
     kind, size = max(((k, getattr(parts, k)) for k in ("params", "grads", "optimizer", "activations",
                                                         "comm_buffers")), key=lambda kv: kv[1])
     need = best.total
-    given, headroom = given_budget(need, cluster)
+    given, headroom = given_budget(need, cluster.device)
     return (f"no plan fits the memory budget of {fmt_bytes(budget)}: the least-memory plan "
             f"(full_shard everywhere, checkpointed, no prefetch, smallest units) needs {need} bytes ({fmt_bytes(need)}) "
             f"at {best.name}, dominated by {kind} ({fmt_bytes(size)}); use --memory-budget {given} or more "
@@ -206,14 +206,14 @@ def infeasible_message(profile: Profile, cluster: Cluster, *, budget: int, probl
             f"a larger world, or a smaller micro-batch")
 
 
-def given_budget(need: int, cluster: Cluster) -> tuple[str, "Headroom"]:
+def given_budget(need: int, device: DeviceSpec) -> tuple[str, "Headroom"]:
     """The `--memory-budget` text whose usable part under the device's default headroom
     (`cost.headroom`) is at least `need` (issue 27: the message quoted the usable figure, and
     passing it was refused again), and that headroom."""
     from shardsched.cost.bytes import parse_bytes
     from shardsched.cost.headroom import headroom_for
 
-    headroom = headroom_for(None, cluster.device)
+    headroom = headroom_for(None, device)
     usable = lambda x: x - headroom.bytes_of(x)  # noqa: E731 (`cost.headroom.usable_budget`)
     x = math.ceil((need + headroom.fixed_bytes) / (1 - headroom.fraction))
     while usable(x) < need:

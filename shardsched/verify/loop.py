@@ -79,7 +79,7 @@ def _answer(checked: list[tuple[Plan, int]], usable: int) -> Plan:
         low = min((p for p, _ in checked), key=lambda p: p.verified.peak_bytes)
         raise UsageError(f"no plan this search could verify fits the usable budget {fmt_bytes(usable)}: the least "
                          f"verified peak was {fmt_bytes(low.verified.peak_bytes)} (predicted "
-                         f"{fmt_bytes(low.predicted.peak_bytes)}); accepted: a larger --memory-budget, a larger "
+                         f"{fmt_bytes(low.predicted.peak_bytes)}); accepted: {_advice(low)}, a larger "
                          f"world, or a smaller micro-batch")
     best = min(fits, key=lambda p: p.predicted.step_seconds)
     if len(checked) > 1:
@@ -90,6 +90,20 @@ def _answer(checked: list[tuple[Plan, int]], usable: int) -> Plan:
             f"the first plan's verified peak was {fmt_bytes(first.verified.peak_bytes)} against its predicted "
             f"{fmt_bytes(first.predicted.peak_bytes)}",))
     return best
+
+
+def _advice(low: Plan) -> str:
+    """The --memory-budget whose usable part under the device's default headroom holds the least
+    verified peak (a plan that verified there is then among what the loop can return), as the
+    too-small message quotes one (`solve.auto.given_budget`)."""
+    from shardsched.cost.device import DEVICES
+    from shardsched.solve.auto import given_budget
+    device = DEVICES.get(low.device)
+    if device is None:
+        return "a larger --memory-budget"
+    given, headroom = given_budget(low.verified.peak_bytes, device)
+    return (f"--memory-budget {given} or more ({fmt_bytes(low.verified.peak_bytes)} usable after the "
+            f"device's default --headroom {headroom.text})")
 
 
 def checked_plan(plan: Plan, *, subject, replan: Callable[[int], Plan] | None, usable: int | None,

@@ -4,11 +4,14 @@ is planned again above it; nothing is returned over budget; the answer is determ
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
 from shardsched.api import plan_model
+from shardsched.cost.bytes import parse_bytes
 from shardsched.cost.device import DEVICES, Cluster
+from shardsched.cost.headroom import headroom_for, usable_budget
 from shardsched.errors import UsageError
 from shardsched.profile.trace import trace_profile
 from shardsched.solve.build import make_plan
@@ -76,6 +79,24 @@ def test_nothing_over_the_budget_is_returned():
         return dataclasses.replace(v, peak_bytes=v.peak_bytes + 100 * MiB)
     with pytest.raises(UsageError, match="no plan this search could verify fits the usable budget"):
         closed_loop(replan(14 * MiB), verify=verify, replan=replan, usable=14 * MiB, analytic=False)
+
+
+def test_the_budget_the_refusal_advises_is_accepted_when_passed():
+    """The refusal quotes a --memory-budget (the least verified peak under the device's default
+    headroom); passed back, with the same engine, the loop returns a plan that fits it."""
+    model, inputs, replan = _setup()
+
+    def verify(p):  # every plan verifies 20 MiB over its prediction: 14 MiB cannot hold one
+        v = verify_plan(model, inputs, p)
+        return dataclasses.replace(v, peak_bytes=v.peak_bytes + 20 * MiB)
+    with pytest.raises(UsageError) as e:
+        closed_loop(replan(14 * MiB), verify=verify, replan=replan, usable=14 * MiB, analytic=False)
+    given = re.search(r"--memory-budget (\S+) or more", str(e.value)).group(1)
+    usable = usable_budget(parse_bytes(given), device_memory=DEVICES["cpu"].memory_bytes,
+                           headroom=headroom_for(None, DEVICES["cpu"])).usable
+    assert usable > 14 * MiB + 20 * MiB - 4 * MiB  # the least peak, not a generous round figure
+    plan = closed_loop(replan(usable), verify=verify, replan=replan, usable=usable, analytic=False)
+    assert plan.verified.peak_bytes <= usable
 
 
 def test_the_loop_is_deterministic_and_no_verify_says_so():
