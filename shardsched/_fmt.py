@@ -12,6 +12,8 @@ NARROW = 80
 """Columns of the tables by default, when stdout is not a terminal that says otherwise."""
 WIDE = 200
 """Columns with --wide (every column and every unit)."""
+UNITS = {"tok": "tokens/s", "img": "images/s", "rows": "rows/s", "batches": "batches/s"}
+"""A run's `throughput_unit` as the console and the report label `tokens_per_s` (`train.task.Task.unit`)."""
 
 
 def fmt_bytes(n: float | None) -> str:

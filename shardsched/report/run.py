@@ -12,7 +12,7 @@ import json
 import re
 from pathlib import Path
 
-from shardsched._fmt import fmt_bytes
+from shardsched._fmt import UNITS, fmt_bytes
 from shardsched.errors import UsageError
 from shardsched.report.plot import figure, save
 
@@ -55,7 +55,7 @@ def report_figure(run_dir: str):
     step_time.set(title="step time", xlabel="step", ylabel="ms")
     step_time.legend()
     tokens.plot(steps, [r["tokens_per_s"] for r in rows], lw=0.8)
-    unit = {"img": "images/s", "rows": "rows/s"}.get(summary.get("throughput_unit"), "tokens/s")
+    unit = UNITS.get(summary.get("throughput_unit"), "tokens/s")
     tokens.set(title="throughput", xlabel="step", ylabel=unit)
     if changes:
         tokens.legend()

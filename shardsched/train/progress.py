@@ -117,7 +117,7 @@ class Progress:
     def __init__(self, *, mode: ProgressMode, start: int, total: int, every: int,
                  log: TextIO | None = None, terminal: TextIO | None = None, unit: str = "tok"):
         self.mode, self.start, self.total, self.every, self.log = mode, start, total, every, log
-        self.unit = unit  # what the throughput counts: "tok", "img" (vision models) or "rows"
+        self.unit = unit  # what the throughput counts: "tok", "img" (vision models), "rows" or "batches"
         self.last = start  # the last step finished: an interrupted run stops before `total`
         self.t0 = time.perf_counter()
         self.extra = ""

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from shardsched._fmt import console as default_console
-from shardsched._fmt import fmt_bytes, fmt_seconds, readable_note, runs, short_name, span_name
+from shardsched._fmt import UNITS, fmt_bytes, fmt_seconds, readable_note, runs, short_name, span_name
 
 
 def print_summary(summary: dict) -> None:
@@ -16,7 +16,7 @@ def print_summary(summary: dict) -> None:
     if summary.get("last_val_loss") is not None:
         table.add_row("validation loss (last)", f"{summary['last_val_loss']:.4f}", "")
     tps = summary["tokens_per_s"]
-    unit = {"img": "images/s", "rows": "rows/s"}.get(summary.get("throughput_unit"), "tokens/s")
+    unit = UNITS.get(summary.get("throughput_unit"), "tokens/s")
     table.add_row(unit, "n/a" if tps is None else f"{tps:,.0f}", "")
     table.add_row("peak memory per worker", fmt_bytes(summary["measured_peak_bytes"]),
                   fmt_bytes(summary["predicted_peak_bytes"]))

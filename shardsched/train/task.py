@@ -64,7 +64,8 @@ class Task:
     eval_batch: BatchFn | None
     """(i, rank, world) -> inputs of validation batch i; None: no validation loss."""
     tokens_per_step: int
-    """Tokens (text models) or leading-dimension rows (others) of one global batch."""
+    """Tokens (text models), leading-dimension rows (others), or, for inputs with no shared batch
+    dimension (a graph), the workers' input sets (one each) of one global step."""
     micro_batch: int = 0
     """Rows of one worker's batch (the shape the console states; 0: not known, or inputs
     with no shared batch dimension, which `inputs_words` then states)."""
@@ -75,7 +76,8 @@ class Task:
     seq: int = 0
     """Tokens per row (0: not token sequences)."""
     unit: str = "tok"
-    """What tokens_per_step counts, as the console prints it per second: "tok", "img" or "rows"."""
+    """What tokens_per_step counts, as the console prints it per second: "tok", "img", "rows" or
+    "batches" (`_fmt.UNITS`)."""
     notes: tuple[str, ...] = ()
     """One-line facts about the data a user should know (e.g. repeated inputs)."""
     data_used: dict = field(default_factory=dict)
@@ -243,6 +245,8 @@ def make_task(cfg: TrainConfig, built: Built, *, world: int) -> Task:
     micro_batch, seq = batch_and_seq(inputs)
     shapes = tuple((list(t.shape), str(t.dtype).removeprefix("torch.")) for t in L.tensors_in(inputs))
     batched = bool(shared_rows(inputs))
+    if not batched and task.unit == "rows":  # a graph's nodes are no batch: count each worker's inputs once
+        task = dataclasses.replace(task, tokens_per_step=world, unit="batches")
     return dataclasses.replace(task, micro_batch=micro_batch if batched else 0, seq=seq, input_shapes=shapes,
                                inputs_words="" if batched else inputs_words(inputs))
 

@@ -135,6 +135,10 @@ def test_graph_inputs_are_stated_as_built_and_the_table_shows_checkpointing(tmp_
     first = (run / "train.log").read_text().splitlines()[0]
     assert words in first and "micro-batch" not in first, first
     assert {u["checkpoint"] for u in summary["units"]} == {"+ckpt"}
+    # throughput counts each worker's input set, not 50 "rows" of node features
+    assert summary["throughput_unit"] == "batches"
+    assert summary["tokens_per_s"] == pytest.approx(2 / summary["measured_step_seconds"], rel=1e-9)
+    assert "batches/s" in out and "rows/s" not in out
     table = out[out.index("units"):]
     assert "full_shard+ckpt" in table and " full_shard " not in table, table
 
