@@ -227,7 +227,9 @@ def _measure_memory(model: nn.Module, inputs: tuple, hooks: _Hooks, children: li
     for p in model.parameters():
         p.grad = None
     hooks.reset()
-    ws = BackwardWorkspace(model, hooks.layers, children,
+    params = {n: [p for p in model.get_submodule(n).parameters() if p.requires_grad]
+              for n in [*hooks.layers, *children] if n}  # a window without input gradients closes on them
+    ws = BackwardWorkspace(model, hooks.layers, children, params=params,
                            persistent=[*model.parameters(), *model.buffers(), *L.tensors_in(inputs)])
     try:
         with ws:

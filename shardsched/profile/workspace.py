@@ -22,8 +22,12 @@ transient is taken as the old guess instead, two of the largest tensor it saved
 (`outside_workspace`: cross-entropy's gradients of its (T, vocab) inputs; exact there).
 The old guess is a floor: the code's backward is also watched as a window of its own, from
 `backward_starts` to the first layer window ([Note: the loss's backward window]).
-A layer none of whose inputs needs a gradient (the embedding) gets its backward hook
-before its weight gradient exists, so its window stays open until backward ends.
+A layer none of whose inputs needs a gradient (the embedding) has no input gradient to close
+its window. Where another layer's window opens after it, it is closed as it stood once every
+parameter under it had its gradient accumulated, which is when the runtime reshards such a unit
+([Note: a unit whose inputs need no gradient] in runtime/own_backward.py; open until backward
+ended, a text tower's embedding after a vision tower took the vision tower's backward into its
+workspace, +8.4%); otherwise (an LM's embeddings, first in forward) when backward ends.
 Live bytes are counted as PyTorch's `torch.distributed._tools.mem_tracker.MemTracker`
 does: every storage an op produces, once, released by a weakref finalizer; that works on
 real and fake tensors alike.
@@ -96,12 +100,16 @@ def _wrap_inputs(args, kwargs, end):
     return tree_unflatten(flat, spec)
 
 
-def watch_backward(module: nn.Module, start, end) -> list:
+def watch_backward(module: nn.Module, start, end, inputless=lambda: None) -> list:
     """Call `start(grad)` when the first gradient w.r.t. one of `module`'s outputs is ready
     and `end(grads)` when those w.r.t. all its inputs are, on every forward that records a graph
-    ([Note: backward windows without full backward hooks]); returns the hook handles."""
+    ([Note: backward windows without full backward hooks]); `inputless()` on a forward none of
+    whose inputs needs a gradient (no `end` then). Returns the hook handles."""
     def pre(m, args, kwargs):
-        return _wrap_inputs(args, kwargs, end)
+        wrapped = _wrap_inputs(args, kwargs, end)
+        if wrapped is None and torch.is_grad_enabled():
+            inputless()
+        return wrapped
 
     def post(m, args, kwargs, out):
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -224,6 +232,8 @@ class BackwardWorkspace(TorchDispatchMode):
             self._seen[t.untyped_storage()] = 0
             if t.requires_grad:
                 self.handles.append(t.register_post_accumulate_grad_hook(self._accumulated))
+        self._inputless: set[str] = set()  # modules none of whose inputs needed a gradient
+        self._done: dict[str, list[int]] = {}  # their windows once their gradients are in
         self._open: dict[str, list[int]] = {}  # name -> [base, peak]
         self._tail: list[int] | None = None  # [base, peak] once every window has closed
         self.workspace: dict[str, int] = {}
@@ -300,6 +310,9 @@ class BackwardWorkspace(TorchDispatchMode):
         if st is not None and st not in self._grad_storages:
             self._grad_storages[st] = True
             self.grads += self._seen.get(st, 0)
+        for name in [n for n in self._open if n in self._inputless and self._params.get(n) and n not in self._done]:
+            if all(id(p) in self._accumulated_ids for p in self._params[name]):
+                self._done[name] = list(self._open[name])  # closed as it stands if another layer's window opens
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -325,6 +338,11 @@ class BackwardWorkspace(TorchDispatchMode):
         def start(grad):
             if self._log is not None:
                 self._close_loss_window(name, grad)
+            for done, window in self._done.items():  # [Note: what the backward workspace is]
+                if done in self._open:
+                    self._open[done] = window
+                    self._close(done)
+            self._done.clear()
             base = self.live - self._incoming([grad])
             flight = base - self.saved_live - self.grads - sum(self._pending.values())
             held = self._held(name, flight)
@@ -335,7 +353,7 @@ class BackwardWorkspace(TorchDispatchMode):
             if name in self._open:
                 self._close(name, grads)
 
-        self.handles += watch_backward(module, start, end)
+        self.handles += watch_backward(module, start, end, inputless=lambda: self._inputless.add(name))
 
         def fwd_pre(m, args):
             self.close_exits()  # the next module starts: the code between ends

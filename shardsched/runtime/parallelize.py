@@ -44,6 +44,7 @@ from shardsched.profile.layers import tied_sets
 from shardsched.runtime.ddp import finds_unused, replicate_with_ddp, runs_on_ddp
 from shardsched.runtime.gloo import settle_gloo_all_gathers
 from shardsched.core.sac_policy import selective_contexts
+from shardsched.runtime.own_backward import reshard_after_own_backward
 from shardsched.runtime.scalars import average_scalar_grads, scalar_params
 
 
@@ -194,6 +195,7 @@ def parallelize(model: nn.Module, plan: Plan, *, mesh: DeviceMesh, ddp: bool = T
     heads: dict[str, FSDPModule] = {}
     scalars = scalar_params(model)  # kept out of sharding: [Note: scalar parameters] in runtime.scalars
     root = next((u for u in plan.units if u.layers == (ROOT,)), None)
+    units: list[list[nn.Module]] = []  # each non-root unit's modules, in forward order
     for unit in plan.units:
         if unit is root:
             continue  # `fully_shard(model)` below (plan/units.py, [Note: the root unit])
@@ -202,10 +204,12 @@ def parallelize(model: nn.Module, plan: Plan, *, mesh: DeviceMesh, ddp: bool = T
             fully_shard(modules if len(modules) > 1 else modules[0], mp_policy=mp, ignored_params=scalars or None,
                         **unit_kwargs(unit.strategy, mesh, meshes, plan.gpus_per_node))
         heads[unit.name] = modules[0]  # grouped units share one state, reached via the first
+        units.append(modules)
     # The root never reshards after forward (FSDP2 clears its post-forward mesh): its
     # strategy's mesh, reshard_after_forward=False (`plan.units.root_strategy`).
     kw = unit_kwargs(root.strategy, mesh, meshes, plan.gpus_per_node) if root is not None else dict(mesh=mesh)
     fully_shard(model, mp_policy=mp, ignored_params=scalars or None, **{**kw, "reshard_after_forward": False})
+    reshard_after_own_backward(units)  # [Note: a unit whose inputs need no gradient]
     average_scalar_grads(scalars, mesh.get_group())
     settle_gloo_all_gathers(model, mesh.get_group())  # [Note: gloo's lagging buffers] in runtime/gloo.py
     if root is not None:

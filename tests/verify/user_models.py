@@ -189,3 +189,44 @@ def build_frozen(micro_batch: int = 8, seq: int = 16):
     g = _gen()
     return FrozenBackbone(), (torch.randint(0, 2000, (micro_batch, seq), generator=g),
                               torch.randint(0, 10, (micro_batch,), generator=g))
+
+
+class Tower(nn.Module):
+    """An input projection (a Linear, or an nn.Embedding of tokens) and nn.TransformerEncoderLayers."""
+
+    def __init__(self, d: int, depth: int, *, features: int = 0, vocab: int = 0):
+        super().__init__()
+        self.inp = nn.Linear(features, d) if features else nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(d, 4, 4 * d, batch_first=True, norm_first=True,
+                                                               dropout=0.0) for _ in range(depth))
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.norm(h)
+
+
+class TwoTower(nn.Module):
+    """An image tower, then a text tower that starts with its token embedding: a unit whose
+    inputs need no gradient in the middle of forward ([Note: a unit whose inputs need no
+    gradient] in runtime/own_backward.py)."""
+
+    def __init__(self, d: int = 96, vocab: int = 3000):
+        super().__init__()
+        self.image, self.text = Tower(d, 2, features=48), Tower(d, 2, vocab=vocab)
+        self.proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, patches: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        a = F.normalize(self.proj(self.image(patches).mean(1)), dim=-1)
+        b = F.normalize(self.text(tokens)[:, 0], dim=-1)
+        logits = 10.0 * a @ b.t()
+        labels = torch.arange(a.shape[0])
+        return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2
+
+
+def build_two_tower(micro_batch: int = 4, seq: int = 24):
+    g = _gen(1)
+    return TwoTower(), (torch.randn(micro_batch, 16, 48, generator=g),
+                        torch.randint(0, 3000, (micro_batch, seq), generator=g))

@@ -6,7 +6,8 @@ import dataclasses
 from typing import NamedTuple
 
 from shardsched.cost.strategy import gather_seconds, held_after_forward, reduce_seconds, shard_count
-from shardsched.sim.memory import forward_gathers, in_place_held, in_place_reduce_bytes, own_grad_bytes, root_grad_bytes
+from shardsched.sim.memory import (forward_gathers, in_place_held, in_place_reduce_bytes, own_grad_bytes, reduce_moment_bytes,
+                                    root_grad_bytes)
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.solve.milp.model import REP
 from shardsched.plan.schedule import optimizer_seconds_per_param
@@ -38,7 +39,7 @@ class Costs(NamedTuple):
     unsh_by: list[dict]
     """Unsharded parameter bytes per strategy (dim 0 padded to its shard count)."""
     rs_by: list[dict]
-    """Reduction input bytes per strategy: the largest module's (`UnitCost.module_reduce_numel`)."""
+    """Bytes of the largest module's reduce beside the gradients, per strategy (`sim.memory.reduce_moment_bytes`)."""
     root_grad: int
     """Unsharded gradients of the root unit, live through backward (`sim.memory.root_grad_bytes`)."""
     act: list[int]
@@ -125,7 +126,9 @@ def costs_of(p: Problem) -> Costs:
     unsh_by = [{k: c.padded_numel(shard_count(k, cl)) * sb.unsharded_param for k in ks} for c in p.costs]
     # The reduction moves the whole unit (time); its largest buffer is one module's (memory).
     msg_by = [{k: c.padded_numel(shard_count(k, cl)) * sb.reduce for k in ks} for c in p.costs]
-    rs_by = [{k: c.module_reduce_numel(shard_count(k, cl), last=False) * sb.reduce for k in ks} for c in p.costs]
+    ugrad = [own_grad_bytes(c, sc) for c in sc.units]
+    rs_by = [{k: reduce_moment_bytes(c, shard_count(k, cl), reduce=sb.reduce, grad=sb.unsharded_grad, own_grad=g)
+              for k in ks} for c, g in zip(p.costs, ugrad)]
     rs_kept_by = [{k: c.module_reduce_numel(shard_count(k, cl), last=True) * sb.reduce for k in ks} for c in p.costs]
     inner = [_inner(c, sb, cl, unsh_by[i], sc.accumulates_in_place) if len(c.layers) > 1 and c.layer_bytes else None
              for i, c in enumerate(p.costs)]
@@ -141,7 +144,7 @@ def costs_of(p: Problem) -> Costs:
                  shard=[{k: c.shard_numel(shard_count(k, cl)) for k in ks} for c in p.costs],
                  held=[{k: held_after_forward(k, b[k], cl) for k in ks} for b in unsh_by],
                  unsharded=[c.padded_numel(cl.world) * sb.unsharded_param for c in p.costs],
-                 ugrad=[own_grad_bytes(c, sc) for c in sc.units],
+                 ugrad=ugrad,
                  rsbuf=[c.padded_numel(cl.world) * sb.reduce for c in p.costs],
                  unsh_by=unsh_by, rs_by=rs_by, root_grad=root_grad_bytes(sc),
                  act=[c.activation_bytes for c in p.costs], inp=[c.input_bytes for c in p.costs],
