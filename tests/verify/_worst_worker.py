@@ -25,15 +25,15 @@ def run_case(ctx, spec: str, plan: Plan) -> int:
 
 
 def worst_worker(ctx, cases: list[tuple[str, str]], out: str) -> None:
-    """cases: (python: spec, plan JSON); writes {spec: [peak of rank r]} from rank 0."""
+    """cases: (python: spec, plan JSON); writes [[peak of rank r] per case] from rank 0."""
     import torch.distributed as dist
     torch.set_num_threads(1)
-    peaks = {}
+    peaks = []
     for spec, text in cases:
         mine = run_case(ctx, spec, Plan.from_json(text))
         gathered = [None] * ctx.world
         dist.all_gather_object(gathered, mine, group=ctx.mesh.get_group())
-        peaks[spec] = gathered
+        peaks.append(gathered)
     if ctx.rank == 0:
         with open(out, "w") as fh:
             json.dump(peaks, fh)
