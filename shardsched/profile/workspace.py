@@ -251,8 +251,7 @@ class BackwardWorkspace(TorchDispatchMode):
         self.exit: dict[str, int] = {}
         """Per module, the most the code after it holds that nothing saved ([Note: exit
         windows])."""
-        self._count = 0
-        self._keys = WeakIdKeyDictionary()  # storage -> a number naming it in the loss's window log
+        self._keys = WeakIdKeyDictionary()  # storage made in the loss's window -> its number in the log
         self._log: list[tuple[int, int]] | None = None  # (storage key, +/- bytes) while the window is open
         self.loss_window: dict[str, int] = {}
         """The layer whose window opened first in backward -> the peak of the code after it, its
@@ -272,9 +271,9 @@ class BackwardWorkspace(TorchDispatchMode):
         nbytes = st.nbytes()
         self._seen[st] = nbytes
         self.live += nbytes
-        self._count += 1
-        key = self._keys[st] = self._count
+        key = 0  # only what the loss's window makes is named: its frees of older storages just count
         if self._log is not None:
+            key = self._keys[st] = len(self._log) + 1
             self._log.append((key, nbytes))
         weakref.finalize(st, self._free, nbytes, key)
 
@@ -292,7 +291,7 @@ class BackwardWorkspace(TorchDispatchMode):
     def _close_loss_window(self, name: str, grad) -> None:
         log, self._log = self._log, None
         made = {k for k, d in log if d > 0}
-        alive = made - {k for k, d in log if d < 0}
+        alive = made - {k for k, d in log if d < 0 and k}
         incoming = {self._keys.get(g.untyped_storage(), 0) for g in [grad] if isinstance(g, torch.Tensor)}
         left_out = alive - incoming  # gradients in flight: counted where they wait
         running = peak = 0
