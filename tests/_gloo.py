@@ -3,9 +3,9 @@
 [Note: the lagging-buffer allowance]
 A gloo worker thread drops its reference to a finished collective's tensors only after `wait()`
 has returned ([Note: gloo's lagging buffers] in runtime/gloo.py). The runtime closes that
-window for FSDP2's AllGathers, where it was seen (an LSTM worker +5.0% once in CI, 1.06 MB:
-one unit's flat parameters); ReduceScatters measured without it, and DDP's bucket all-reduces
-are not settled. Tests that compare a real CPU run with the verified or predicted peak allow
+window for FSDP2's AllGathers (an LSTM worker +5.0% once in CI, 1.06 MB: one unit's flat
+parameters) and ReduceScatters (a two-tower worker +6.9% once in CI: gloo's clone of a
+reduce-scatter input, [Note: gloo's reduce-scatter copies]); DDP's buckets live the whole run. Tests that compare a real CPU run with the verified or predicted peak allow
 one such buffer (the largest unit's flat fp32 gradients or parameters) above it, and nothing
 else: a worker may be exact, or over by at most that.
 """

@@ -16,21 +16,22 @@ and NCCL (stream-ordered frees) have no such window.
 no holder beyond those it had before the collective was issued, yielding the CPU (and the
 GIL the freeing thread may need) until then, a bounded number of times. FSDP2 takes it
 through `FSDPModule.set_custom_all_gather`; everything else about the collective is FSDP2's
-own (`dist.all_gather_single`, async as FSDP2 asks). ReduceScatters on gloo were measured
-without the window (0 of 2000).
+own (`dist.all_gather_single`, async as FSDP2 asks). A reduce-scatter's buffers were measured
+without the window (0 of 2000), but not gloo's own clone of its input (next note).
 
 [Note: gloo's reduce-scatter copies]
-ProcessGroupGloo's reduce-scatter copies its whole input and output while it runs (a 1,152,000 B
-input at world 4 allocated 1,440,040 B more), which NCCL (in place on FSDP2's buffers) and the
-fake process group of the verification do not. At a unit's post-backward that copy comes on top
-of the reduce-scatter buffer the memory model counts: a two-tower model whose text embedding
-reduce-scatters as the vision tower's backward runs ([Note: a unit whose inputs need no
-gradient] in runtime/own_backward.py) ran 8.5% above its verified peak on every gloo worker. So
-on gloo a reduce-scatter of at least `LARGE` bytes runs on `PIECES` column slices of its (world, n)
-input one after the other, each with FSDP2's own collective (`dist.reduce_scatter_single`): the
-copies are then about 2/PIECES of the unit's gradients (the slice's own copy, and gloo's), and
-that run matched its verified peak to the byte. Smaller ones run whole: each piece is a gloo
-collective more, and a unit under 1 MiB copies less than that. Every element is reduced once.
+ProcessGroupGloo has no reduce-scatter of its own: `reduce_scatter_tensor_coalesced` clones the
+whole (world, n) input, all-reduces the clone on a worker thread, and copies this rank's row
+into the output when waited. NCCL reduces in place on FSDP2's buffers and the fake process
+group of the verification allocates nothing, so on gloo the clone came on top of what the
+plan was verified with: a two-tower model's 1.1 MiB text embedding put every worker 8.5% above
+its verified peak. Worse, the clone is gloo's, out of reach: the all-reduce's work holds it
+until the worker thread lets go of that work ([Note: gloo's lagging buffers]), so under load
+one worker in four now and then still held a 437 KiB clone into the next unit's backward
+(+6.9% in CI, the other workers exact). So on gloo `SettledReduceScatter` does the same thing
+in the open: `dist.all_reduce` in place on FSDP2's own reduce-scatter input (FSDP2 only keeps
+that buffer alive after the collective, never reads it), settled as an AllGather's output is,
+then this rank's row is copied into the output. The same reduction, no clone, nothing lagging.
 """
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def _holders(t: torch.Tensor) -> int:
 
 
 class SettledWork(dist.Work):
-    """A gloo AllGather's work whose `wait()` also waits for gloo's thread to let go of the output."""
+    """A gloo collective's work whose `wait()` also waits for gloo's thread to let go of `output`
+    (an AllGather's output, the tensor an all-reduce reduced in place)."""
 
     def __init__(self, work: dist.Work, output: torch.Tensor, holders: int):
         super().__init__()
@@ -86,36 +88,25 @@ class SettledAllGather(DefaultAllGather):
         return None
 
 
-PIECES = 16
-"""A large gloo ReduceScatter runs in this many column pieces ([Note: gloo's reduce-scatter copies])."""
-LARGE = 1 << 20
-"""Bytes of ReduceScatter input from which it is split: each piece is one more gloo collective
-(4 ranks on 2 cores: 16 pieces for every unit took a 20-step parity test from 11 s to 34 s)."""
-
-
-class PiecewiseReduceScatter(DefaultReduceScatter):
-    """FSDP2's default ReduceScatter (its buffers, `dist.reduce_scatter_single`), from `LARGE`
-    bytes on `PIECES` column slices of the (world, n) input, one after another ([Note: gloo's
-    reduce-scatter copies])."""
+class SettledReduceScatter(DefaultReduceScatter):
+    """FSDP2's default ReduceScatter buffers; on gloo the (world, n) input is all-reduced in
+    place and settled, and this rank's row is the output ([Note: gloo's reduce-scatter copies])."""
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup,
                  op, async_op: bool = False) -> None:
-        n = output_tensor.numel()
-        rows = input_tensor.view(dist.get_world_size(group), n)  # rank r's shard is column block r
-        pieces = PIECES if input_tensor.numel() * input_tensor.element_size() >= LARGE else 1
-        step = -(-n // pieces)
-        for a in range(0, n, step):
-            piece = rows[:, a:a + step].contiguous().view(-1)  # (world, step) -> each rank's slice of it
-            dist.reduce_scatter_single(output=output_tensor[a:a + step], input=piece, group=group, op=op)
+        holders = _holders(input_tensor)
+        SettledWork(dist.all_reduce(input_tensor, op=op, group=group, async_op=True), input_tensor, holders).wait()
+        rows = input_tensor.view(dist.get_world_size(group), -1)  # rank r's shard is row r
+        output_tensor.copy_(rows[dist.get_rank(group)])
         return None  # done: FSDP2 asks for it synchronously (`foreach_reduce`)
 
 
 def settle_gloo_all_gathers(model: nn.Module, group: dist.ProcessGroup) -> None:
     """On a gloo group, every FSDP2 module of `model` gathers with `SettledAllGather` and
-    reduce-scatters with `PiecewiseReduceScatter`."""
+    reduce-scatters with `SettledReduceScatter`."""
     if dist.get_backend(group) != "gloo":
         return
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_custom_all_gather(SettledAllGather())
-            module.set_custom_reduce_scatter(PiecewiseReduceScatter())
+            module.set_custom_reduce_scatter(SettledReduceScatter())

@@ -48,6 +48,11 @@ def test_nproc_must_agree_with_the_launcher(monkeypatch):
         check_nproc(2)
 
 
+def _why(err: str) -> str:
+    """A failed torchrun's stderr: the workers' own lines come first, torchrun's report last."""
+    return err if len(err) < 5000 else f"{err[:3000]}\n[...]\n{err[-2000:]}"
+
+
 def _torchrun(*args, cwd=None):
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args], cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -57,7 +62,7 @@ def test_train_under_torchrun_joins_the_group(tmp_path):
     proc = _torchrun("--nproc_per_node", "2", "--master_port", str(free_port()), "-m", "shardsched", "train",
                      "--steps", "3", "--model", TINY, "--seq", "16", "--run-dir", str(tmp_path))
     out, err = proc.communicate(timeout=600)
-    assert proc.returncode == 0, err[-2000:]
+    assert proc.returncode == 0, _why(err)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["world"] == 2 and summary["steps"] == 3
     assert out.count("run directory:") == 1  # only rank 0 speaks
@@ -71,7 +76,7 @@ def test_torchrun_two_nodes_on_loopback(tmp_path):
            "--run-dir", str(run), "--quiet"]
     nodes = [_torchrun(*common, "--node_rank", str(r), *cmd) for r in (0, 1)]
     results = [n.communicate(timeout=600) for n in nodes]
-    assert [n.returncode for n in nodes] == [0, 0], [e[-2000:] for _, e in results]
+    assert [n.returncode for n in nodes] == [0, 0], [_why(e) for _, e in results]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["world"] == 2
     assert [json.loads(ln)["step"] for ln in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
