@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import fnmatch
 from collections import defaultdict
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Collection, NamedTuple, Sequence
 
 import torch
 import torch.nn as nn
@@ -160,6 +160,17 @@ def isolate_ties(model: nn.Module, layers: list[str]) -> list[str]:
         layers = out
 
 
+def isolate(model: nn.Module, layers: list[str], params: Collection[str]) -> list[str]:
+    """Split layers that hold any of the parameters named `params` (read outside them: [Note: a
+    parameter used outside its layer] in profile/escapes.py) until none does; keeps their order.
+    A module holding one directly has no part left to keep it: the root owns it."""
+    while True:
+        bad = {lay for lay in layers if lay != ROOT and any(_inside(n, lay) for n in params)}
+        if not bad:
+            return layers
+        layers = [p for lay in layers for p in (_parts(model.get_submodule(lay), lay) if lay in bad else [lay])]
+
+
 def _parts(module: nn.Module, path: str) -> list[str]:
     """The parameter-holding children `module` splits into. A ModuleList or ModuleDict is never
     called, so it cannot be a layer: its entries are (a one-block GPT-2 split around its tied
@@ -184,6 +195,9 @@ class Assignment(NamedTuple):
     """Every tied set (names of one tensor)."""
     root_tied_numel: int = 0
     """Elements of the tied tensors the root owns (a tied embedding and head)."""
+    whole: frozenset = frozenset()
+    """Layers never split into children: their own code reads a child's parameter ([Note: a
+    parameter used outside its layer] in profile/escapes.py)."""
 
 
 def assign(model: nn.Module, layers: Sequence[str], ran: Sequence[str]) -> Assignment:

@@ -30,6 +30,7 @@ import torch.nn as nn
 
 from shardsched.errors import UsageError
 from shardsched.profile import layers as L
+from shardsched.profile.escapes import Escapes, owners, settled_layers
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.profile.workspace import ROOT_TAIL, BackwardWorkspace, watch_backward
@@ -40,31 +41,48 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 # ---------------------------------------------------------------- layers
 
-def _run_order(model: nn.Module, names: list[str], inputs: tuple) -> list[str]:
-    """Layers whose forward ran, in the order they first started (one no-grad forward)."""
+def _run_order(model: nn.Module, names: list[str], inputs: tuple) -> tuple[list[str], Escapes]:
+    """Layers whose forward ran, in the order they first started, and the parameters read
+    outside their layer ([Note: a parameter used outside its layer] in profile/escapes.py):
+    one no-grad forward."""
     modules = dict(model.named_modules())
+    parent = {c: n for n in names for c in L.param_children(model, n)}
     first: list[str] = []
+    running: list[str] = []
 
-    def seen(name: str):
+    def enter(name: str):
         def hook(module, args) -> None:  # must return None: a value would replace the inputs
-            if name not in first:
+            running.append(name)
+            if name not in first and name not in parent:
                 first.append(name)
         return hook
 
-    handles = [modules[n].register_forward_pre_hook(seen(n)) for n in names]
+    def leave(module, args, out) -> None:
+        running.pop()
+
+    handles = [h for n in [*names, *parent]
+               for h in (modules[n].register_forward_pre_hook(enter(n)), modules[n].register_forward_hook(leave))]
+    watch = Escapes(owners(model, [*names, *parent]), lambda: running, parent)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), watch:
             model(*inputs)
     finally:
         for h in handles:
             h.remove()
-    return first
+    return first, watch
 
 
 def assignment(model: nn.Module, inputs: tuple, layers: Sequence[str] | None = None) -> L.Assignment:
-    """Layers (given, `model.layer_names()` or discovered; profile.layers) in execution order, owners of params."""
-    names = [n for n in L.candidates(model, layers) if n != L.ROOT]
-    return L.assign(model, names, _run_order(model, names, inputs))
+    """Layers (given, `model.layer_names()` or discovered; profile.layers) in execution order,
+    owners of params; none holds a parameter read outside it (`escapes.settled_layers`)."""
+    order: dict[str, list[str]] = {}
+
+    def run(names: list[str]) -> Escapes:
+        order["first"], seen = _run_order(model, names, inputs)
+        return seen
+
+    names, seen = settled_layers(model, [n for n in L.candidates(model, layers) if n != L.ROOT], run)
+    return L.assign(model, names, order["first"])._replace(whole=frozenset(seen.kids))
 
 
 def resolve_layers(model: nn.Module, inputs: tuple, layers: Sequence[str] | None = None) -> list[str]:
@@ -300,7 +318,7 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
     run_model, run_inputs = _in_dtype(model, inputs, compute_dtype)
     asg = assignment(run_model, run_inputs, layers)
     names = asg.layers
-    children = {n: L.param_children(run_model, n) for n in names}
+    children = {n: [] if n in asg.whole else L.param_children(run_model, n) for n in names}
     saved_grads = {p: p.grad for p in run_model.parameters()}
     hooks = _Hooks(run_model, names, children)
     try:

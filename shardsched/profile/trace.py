@@ -37,6 +37,7 @@ from shardsched.core.types import Checkpoint
 from shardsched.cost.device import DeviceSpec
 from shardsched.errors import UsageError
 from shardsched.profile import layers as L
+from shardsched.profile.escapes import Escapes, owners, settled_layers
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.profile.held import HeldOutputs, code_held
@@ -81,6 +82,8 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
     kept: list[torch.Tensor] = []  # keep saved storages alive: no StorageImpl reuse while we dedupe
     rules = _FakeRules()
     masks = real_masks(inputs, fake_inputs)  # [Note: boolean masks on fake tensors] in trace_fake.py
+    # [Note: a parameter used outside its layer] in profile/escapes.py
+    tracer.escapes = Escapes(owners(model, [*names, *tracer.parent], state), lambda: tracer.stack, tracer.parent)
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         k = storage_key(t)
@@ -118,7 +121,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
     try:
         with restored(model), quiet_fake_tensor_log(), hf_one_sequence_per_row(), mode, masks, rules, FlopCounter(tracer), Tagger(tracer), ws, warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), tracer.escapes:
                 loss = loss_of(torch.func.functional_call(model, untied(state), fake_inputs, tie_weights=True))
             ws.backward_starts()  # the loss is computed: backward is not code between modules
             kept.clear()  # the graph holds what backward needs; activations must free as it runs
@@ -306,12 +309,19 @@ def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
     if compute_dtype not in DTYPES:
         raise UsageError(f"unknown compute dtype {compute_dtype!r}: accepted {', '.join(DTYPES)}")
     inputs = tuple(example_inputs)
-    names = [n for n in L.candidates(model, layers) if n != L.ROOT]
-    children = {n: L.param_children(model, n) for n in names}
-    stacks = find_stacks(model, names)
-    traced = [n for n in names if not untraced(n, stacks)]
-    with Truncated(model, stacks):
-        tracer = _run(model, inputs, traced, {n: children[n] for n in traced}, DTYPES[compute_dtype])
+    last = {}
+
+    def run(names: list[str]) -> Escapes:
+        children = {n: L.param_children(model, n) for n in names}
+        stacks = find_stacks(model, names)
+        traced = [n for n in names if not untraced(n, stacks)]
+        with Truncated(model, stacks):
+            tracer = _run(model, inputs, traced, {n: children[n] for n in traced}, DTYPES[compute_dtype])
+        last.update(tracer=tracer, children=children, stacks=stacks)
+        return tracer.escapes
+
+    names, escapes = settled_layers(model, [n for n in L.candidates(model, layers) if n != L.ROOT], run)
+    tracer, children, stacks = last["tracer"], last["children"], last["stacks"]
     expand(tracer, names, [c for cs in children.values() for c in cs], stacks)
     # [Note: a repeated layer between other layers]
     ran = [n for n in tracer.ran if tracer.sequence.count(n) < 2]
@@ -326,6 +336,8 @@ def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
             kids = []
         if any(c in tracer.stats.aliased for c in kids):  # [Note: inputs passed twice]: a child as a unit
             kids = []  # of its own would get each argument wrapped apart by FSDP2, another program
+        if n in escapes.kids:  # its code reads a child's parameter: [Note: a parameter used outside its layer]
+            kids = []
         kid_profiles = tuple(_layer(c, _unique(model.get_submodule(c).parameters()), tracer.stats, device)
                              for c in kids)
         out.append(_layer(n, asg.params[n], tracer.stats, device, kid_profiles))

@@ -21,6 +21,7 @@ from typing import Any, Callable, NamedTuple
 
 from shardsched._json import from_dict, to_dict
 from shardsched.core.types import Plan, Verified
+from shardsched.errors import UsageError
 
 _DATA_DEPENDENT = ("DataDependentOutput", "DynamicOutputShape", "data-dependent", "UnsupportedOperatorException",
                    "_local_scalar_dense", "nonzero")
@@ -119,7 +120,7 @@ def _verify_here(subject: Subject, plan: Plan) -> Verified:
         return verify_plan(model, inputs, plan)
     except Exception as e:  # noqa: BLE001 - only data-dependent ops go on to a real run
         if not data_dependent(e):
-            raise
+            raise PlanFails.of(e, plan) from None
     if _on_meta(model):
         params = sum(p.numel() for p in model.parameters())
         if 16 * params > _host_bytes() // 4:
@@ -131,6 +132,19 @@ def _verify_here(subject: Subject, plan: Plan) -> Verified:
 
 class Unverifiable(Exception):
     """The plan cannot be run by the engine here; the message says why (one line)."""
+
+
+class PlanFails(UsageError):
+    """One step of the plan fails under the engine (criterion 3 of issue 26: never a plan that
+    fails at its first step): refused in one line, the engine's own words in it."""
+
+    @classmethod
+    def of(cls, e: Exception, plan: Plan) -> "PlanFails":
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return cls(f"the plan fails at its first step under the engine (one step on fake tensors at world "
+                   f"{plan.world}: {type(e).__name__}: {msg[:240]}); accepted: a model whose forward and backward "
+                   f"run under FSDP2's fully_shard (or DDP for --strategy replicate), or --no-verify to write "
+                   f"the plan without running it")
 
 
 class Recipe(dict):

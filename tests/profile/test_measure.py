@@ -102,9 +102,6 @@ def test_gpt_profile_layers_children_times():
         assert sum(c.params for c in layer.children) == layer.params
         assert sum(c.forward_seconds for c in layer.children) <= layer.forward_seconds
         assert sum(c.activation_bytes for c in layer.children) <= layer.activation_bytes
-    # A block does ~2x more work backward than forward; allow for noise on a busy CI box.
-    block = p.layers[1]
-    assert 0.7 < block.backward_seconds / block.forward_seconds < 6
 
 
 def test_measure_leaves_model_alone():

@@ -43,7 +43,8 @@ def test_monotone_plans_never_get_slower_with_more_memory():
 
 
 TRAINED = [("hf_models.py:build_clip", "full_shard"), ("hf_models.py:build_dinov2_labels", "replicate"),
-           ("hf_models.py:build_wav2vec2", "full_shard"), ("user_models.py:build_shared", "shard_grad_op")]
+           ("hf_models.py:build_wav2vec2", "full_shard"), ("user_models.py:build_shared", "shard_grad_op"),
+           ("user_models.py:build_hand_tied", "full_shard")]
 
 
 def test_a_model_that_drops_layers_at_random_trains_on_ddp(tmp_path):
@@ -58,7 +59,8 @@ def test_a_model_that_drops_layers_at_random_trains_on_ddp(tmp_path):
 @pytest.mark.parametrize("builder,strategy", TRAINED, ids=[b.split(":")[1] for b, _ in TRAINED])
 def test_models_that_crashed_or_were_refused_plan_and_train(builder, strategy, tmp_path):
     """CLIP (a scalar parameter), DINOv2 on DDP (a parameter without gradient), Wav2Vec2-CTC
-    (cannot run on fake tensors), one layer object at two places: 2 steps, every worker
+    (cannot run on fake tensors), one layer object at two places, an embedding read outside it
+    (tied by hand): 2 steps, every worker
     measured within 3% of the verified peak."""
     r = shardsched("train", "--model", f"python:{HERE / builder}", "--strategy", strategy, "--nproc", "2",
                    "--steps", "2", "--run-dir", str(tmp_path / "run"), "--quiet")

@@ -1,7 +1,8 @@
 """Models written by hand, as users write them, with the structures issue 26 found missed or
 refused: a scalar parameter (CLIP's logit_scale), an unused parameter (DINOv2's mask_token),
 one layer object at two places, a boolean-mask loss and scatter message passing (a GNN),
-a fused RNN (nn.LSTM, nn.GRU), nn.TransformerEncoderLayer, frozen parameters.
+a fused RNN (nn.LSTM, nn.GRU), nn.TransformerEncoderLayer, frozen parameters, parameters read
+outside their module (an output projection tied by hand).
 
 Each `build_*` is a `python:` builder: it returns (model, example_inputs) with
 `model(*example_inputs)` the scalar loss, and takes the keyword arguments it declares."""
@@ -230,3 +231,64 @@ def build_two_tower(micro_batch: int = 4, seq: int = 24):
     g = _gen(1)
     return TwoTower(), (torch.randn(micro_batch, 16, 48, generator=g),
                         torch.randint(0, 3000, (micro_batch, seq), generator=g))
+
+
+class Recurrence(nn.Module):
+    """A gated linear recurrence over time whose own code reads its output layer's weight
+    (a block reading a child's parameter outside the child)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.norm, self.inp, self.out = nn.LayerNorm(d), nn.Linear(d, 2 * d), nn.Linear(d, d)
+        self.decay = nn.Parameter(torch.tensor(0.9))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        u, gate = self.inp(self.norm(x)).chunk(2, -1)
+        h, hs = torch.zeros_like(u[:, 0]), []
+        for t in range(u.shape[1]):
+            h = self.decay.sigmoid() * h + u[:, t]
+            hs.append(h)
+        return x + self.out(torch.stack(hs, 1) * F.silu(gate)) * self.out.weight.diagonal()
+
+
+class HandTied(nn.Module):
+    """An LM whose output projection is its token embedding read in the model's own forward
+    (`h @ self.emb.weight.t()`), not a second registration of one tensor: under FSDP2 the
+    embedding's weight is a sharded DTensor there ([Note: a parameter used outside its layer] in
+    profile/escapes.py)."""
+
+    def __init__(self, vocab: int = 3000, d: int = 96, depth: int = 3):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.layers = nn.ModuleList(Recurrence(d) for _ in range(depth))
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, idx: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        h = self.emb(idx)
+        for layer in self.layers:
+            h = layer(h)
+        return F.cross_entropy((self.norm(h) @ self.emb.weight.t()).flatten(0, 1), tgt.flatten())
+
+
+def build_hand_tied(micro_batch: int = 4, seq: int = 24):
+    x = torch.randint(0, 3000, (micro_batch, seq + 1), generator=_gen(2))
+    return HandTied(), (x[:, :-1].contiguous(), x[:, 1:].contiguous())
+
+
+class EngineBreaker(nn.Module):
+    """Stands for code the engine breaks on that no profile can see (it looks at the type of a
+    layer's parameter outside the layer, which no op does): one step fails under FSDP2."""
+
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.a, self.b = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if type(self.a.weight).__name__ == "DTensor":
+            raise RuntimeError("this code needs a plain tensor")
+        return F.mse_loss(self.b(self.a(x)), y)
+
+
+def build_engine_breaker(micro_batch: int = 4):
+    g = _gen(3)
+    return EngineBreaker(), (torch.randn(micro_batch, 16, generator=g), torch.randn(micro_batch, 16, generator=g))
