@@ -118,7 +118,7 @@ def make_scenario(costs, strategies, fwd, bwd, *, plan: Plan | None = None, prof
                   input_bytes=profile.input_bytes, optimizer_seconds=opt_seconds,
                   optimizer_workspace_factor=OPTIMIZER_WORKSPACE_FACTOR[optimizer.value],
                   optimizer_scalar_bytes=optimizer_scalar_bytes(costs, optimizer, cluster),
-                  buffer_bytes=profile.buffer_bytes,
+                  buffer_bytes=profile.buffer_bytes, loss_bytes=profile.loss_bytes,
                   checkpoint=tuple(checkpoint) if any(checkpoint) else (),
                   root_tied_numel=profile.root_tied_numel)
     # A plan DDP runs (`Scenario.on_ddp`) pays none of FSDP2's host work. The MILP prices

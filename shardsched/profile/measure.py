@@ -33,6 +33,7 @@ from shardsched.profile import layers as L
 from shardsched.profile.escapes import Escapes, owners, settled_layers
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
+from shardsched.profile.trace_record import loss_bytes
 from shardsched.profile.workspace import ROOT_TAIL, BackwardWorkspace, watch_backward
 from shardsched.profile.workspace_terms import layer_workspace, outside_workspace
 
@@ -206,6 +207,8 @@ class _Memory(NamedTuple):
     workspace: dict[str, int]
     loss_window: dict[str, int]
     """The code after the last layer, its backward as measured ([Note: the loss's backward window])."""
+    loss_bytes: int = 8
+    """`Profile.loss_bytes`, as the real loss held it."""
 
 
 def _measure_memory(model: nn.Module, inputs: tuple, hooks: _Hooks, children: list[str]) -> _Memory:
@@ -254,6 +257,7 @@ def _measure_memory(model: nn.Module, inputs: tuple, hooks: _Hooks, children: li
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 loss = _loss(model(*inputs))
             kept.clear()  # the graph holds what backward needs; activations must free as it runs
+            held = loss_bytes(loss)
             ws.backward_starts()
             loss.backward()
             del loss
@@ -261,7 +265,7 @@ def _measure_memory(model: nn.Module, inputs: tuple, hooks: _Hooks, children: li
         workspace = ws.finish()
         for p in model.parameters():
             p.grad = None
-    return _Memory(acts, outside, outside_largest, workspace, ws.loss_window)
+    return _Memory(acts, outside, outside_largest, workspace, ws.loss_window, held)
 
 
 def _timed_steps(model: nn.Module, inputs: tuple, hooks: _Hooks, *, repeats: int, warmup: int):
@@ -359,7 +363,7 @@ def measure_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: st
     return Profile(model=name, layers=tuple(profiles), fingerprint=fp, compute_dtype=compute_dtype,
                    micro_batch=micro_batch, seq=seq, input_bytes=sum(t.nbytes for t in L.tensors_in(inputs)),
                    source="measured", tied=asg.tied, root_tied_numel=asg.root_tied_numel,
-                   buffer_bytes=L.buffer_bytes(run_model),
+                   buffer_bytes=L.buffer_bytes(run_model), loss_bytes=mem.loss_bytes,
                    extra={"torch": torch.__version__, "threads": torch.get_num_threads(),
                                              "repeats": repeats, "warmup": warmup, **L.notes_extra(model), **inputs_extra(inputs)})
 

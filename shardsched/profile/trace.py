@@ -47,7 +47,8 @@ from shardsched.profile.workspace_terms import layer_workspace, outside_workspac
 from shardsched.core import sac_policy as sac
 from shardsched.profile.trace_fake import (fake_copy_inputs, fake_state, hf_one_sequence_per_row, loss_of, module_params,
                                           quiet_fake_tensor_log, real_masks, restored, untied)
-from shardsched.profile.trace_record import FlopCounter, SacStats, Stats, Tagger, Tracer, storage_bytes, storage_key
+from shardsched.profile.trace_record import (FlopCounter, SacStats, Stats, Tagger, Tracer, loss_bytes, storage_bytes,
+                                             storage_key)
 from shardsched.profile.trace_stacks import Truncated, expand, find_stacks, fold, untraced
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -123,6 +124,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
             warnings.simplefilter("ignore")
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), tracer.escapes:
                 loss = loss_of(torch.func.functional_call(model, untied(state), fake_inputs, tie_weights=True))
+            tracer.stats.loss_bytes = loss_bytes(loss)
             ws.backward_starts()  # the loss is computed: backward is not code between modules
             kept.clear()  # the graph holds what backward needs; activations must free as it runs
             tracer.stats.sac_forward = False
@@ -346,6 +348,6 @@ def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
     return Profile(model=name, layers=tuple(out), fingerprint=fingerprint(model), compute_dtype=compute_dtype,
                    micro_batch=micro_batch, seq=seq, input_bytes=sum(storage_bytes([t]) for t in L.tensors_in(inputs)),
                    source="traced", tied=asg.tied, root_tied_numel=asg.root_tied_numel,
-                   buffer_bytes=L.buffer_bytes(model),
+                   buffer_bytes=L.buffer_bytes(model), loss_bytes=tracer.stats.loss_bytes,
                    extra={"device": device.name, "torch": torch.__version__,
                           **L.notes_extra(model), **inputs_extra(inputs)})

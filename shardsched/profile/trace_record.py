@@ -60,6 +60,7 @@ class Stats:
         self.aliased: set[str] = set()  # modules given one tensor at two arguments: [Note: inputs passed twice]
         self.workspace: dict[str, int] = defaultdict(int)  # measured, `profile.workspace`
         self.itemsize = 4  # of the compute dtype: the bytes of a gradient element
+        self.loss_bytes = 8  # `Profile.loss_bytes`
         self.inputs: dict[str, int] = defaultdict(int)
         self.entry: dict[str, int] = defaultdict(int)  # `LayerProfile.entry_bytes`
         self.calls: dict[str, int] = defaultdict(int)  # forward calls of each module
@@ -297,6 +298,11 @@ class FlopCounter(fc.FlopCounterMode):
 
 def storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
+
+
+def loss_bytes(loss: torch.Tensor) -> int:
+    """`Profile.loss_bytes`: the loss's storage and the gradient `backward()` seeds it with."""
+    return loss.untyped_storage().nbytes() + loss.element_size()
 
 
 def storage_bytes(ts: list[torch.Tensor]) -> int:

@@ -190,6 +190,10 @@ class Profile:
     buffer_bytes: int = 0
     """Bytes of the model's buffers (BatchNorm running statistics, masks, rotary tables):
     FSDP2 and DDP keep them whole on every worker, all step long."""
+    loss_bytes: int = 8
+    """The loss the caller holds through backward and the gradient `backward()` seeds it with:
+    two scalars, or more where the loss keeps its unreduced buffer ([Note: a loss reduced in its
+    own buffer] in profile/fake_rules.py: an MSE loss keeps its input's size)."""
     extra: dict = field(default_factory=dict)
     """Free-form provenance (device, config)."""
 

@@ -336,8 +336,8 @@ class Scenario:
     """Transient bytes of the optimizer step, per byte of persistent fp32 params
     (foreach Adam materialises a few parameter-sized temporaries)."""
     loss_bytes: int = 8
-    """The loss and the gradient `backward()` seeds it with: two fp32 scalars, live from the
-    loss's forward to the end of backward (counted throughout: 8 bytes)."""
+    """`Profile.loss_bytes`: the loss and the gradient `backward()` seeds it with, live from the
+    loss's forward to the end of backward (counted throughout: in forward, an upper bound)."""
     buffer_bytes: int = 0
     """`Profile.buffer_bytes`: whole on every worker, all step long."""
     optimizer_scalar_bytes: int = 0

@@ -17,9 +17,11 @@ from ..plan._fsdp2 import measured_peak
 from . import user_models as um
 
 # (builder, strategy): the fused RNN kernel, a DDP plan (verified without DDP), a scalar
-# parameter, one layer object at two places, selective checkpointing.
+# parameter, one layer object at two places, selective checkpointing, a loss whose scalar keeps
+# its unreduced buffer (predicted as verified too: [Note: a loss reduced in its own buffer]).
 CASES = [(um.build_lstm, "full_shard"), (um.build_vit, "replicate"), (um.build_clip, "full_shard"),
-         (um.build_shared, "shard_grad_op"), (um.build_gru, "full_shard+sac"), (um.build_dino, "replicate")]
+         (um.build_shared, "shard_grad_op"), (um.build_gru, "full_shard+sac"), (um.build_dino, "replicate"),
+         (um.build_unet_mse, "full_shard")]
 
 
 @pytest.mark.parametrize("build,strategy", CASES, ids=[f"{b.__name__}-{s}" for b, s in CASES])
@@ -33,6 +35,8 @@ def test_fake_tensors_measure_what_real_tensors_measure(build, strategy):
     real = measured_peak(copy.deepcopy(model), inputs, plan)
     assert fake.tensors == "fake"
     assert abs(fake.peak_bytes / real - 1) < 0.001, (fake.peak_bytes, real)
+    if build is um.build_unet_mse:  # 0.7% under both before (the output's bytes)
+        assert abs(plan.predicted.peak_bytes / real - 1) < 0.001, (plan.predicted.peak_bytes, real)
 
 
 def test_a_plan_resharding_to_the_node_after_forward_runs_on_fake_tensors():

@@ -292,3 +292,29 @@ class EngineBreaker(nn.Module):
 def build_engine_breaker(micro_batch: int = 4):
     g = _gen(3)
     return EngineBreaker(), (torch.randn(micro_batch, 16, generator=g), torch.randn(micro_batch, 16, generator=g))
+
+
+def _conv(i: int, o: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(i, o, 3, padding=1), nn.GroupNorm(4, o), nn.SiLU())
+
+
+class UNet(nn.Module):
+    """A small U-Net with an MSE loss, whose scalar keeps a buffer the size of the output
+    ([Note: a loss reduced in its own buffer] in profile/fake_rules.py)."""
+
+    def __init__(self, c: int = 8):
+        super().__init__()
+        self.down1, self.down2 = _conv(3, c), _conv(c, 2 * c)
+        self.pool = nn.MaxPool2d(2)
+        self.up = nn.ConvTranspose2d(2 * c, c, 2, stride=2)
+        self.fuse, self.out = _conv(2 * c, c), nn.Conv2d(c, 3, 1)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        a = self.down1(x)
+        y = self.fuse(torch.cat([self.up(self.down2(self.pool(a))), a], 1))
+        return F.mse_loss(self.out(y), target)
+
+
+def build_unet_mse(micro_batch: int = 4, size: int = 32):
+    x = torch.randn(micro_batch, 3, size, size, generator=_gen(4))
+    return UNet(), (x, x.flip(-1).contiguous())
