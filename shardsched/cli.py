@@ -63,13 +63,16 @@ def main(argv: list[str] | None = None) -> int:
     guard = document_stdout() if getattr(args, "json", None) is True else contextlib.nullcontext()
     try:
         with guard:
-            return int(args.func(args) or 0)
+            code = int(args.func(args) or 0)
     except UsageError as e:
         sys.stderr.write(f"shardsched {args.command}: error: {e}\n")
-        return 2
+        code = 2
     except KeyboardInterrupt:
         sys.stderr.write("shardsched: interrupted\n")
-        return 130
+        code = 130
+    if "shardsched.train.launcher" in sys.modules:  # a worker torchrun started exits here
+        return sys.modules["shardsched.train.launcher"].leave(code)
+    return code
 
 
 if __name__ == "__main__":

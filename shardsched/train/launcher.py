@@ -188,6 +188,7 @@ def launch(fn: Callable[..., Any], *, nproc: int, args: tuple = (),
     if rdzv is not None:
         install_handlers()
         _worker_main(rdzv.local_rank, fn, args, rdzv, timeout_seconds)
+        _JOINED[0] = True  # [Note: a launched worker leaves without finalisation]
         return
     rdzv = Rendezvous(rank=0, world=nproc, local_rank=0, local_world=nproc, addr="127.0.0.1", port=free_port())
     # torch logs one warning per worker it terminates; our own message names the culprit.
@@ -197,6 +198,31 @@ def launch(fn: Callable[..., Any], *, nproc: int, args: tuple = (),
     pc = mp.start_processes(_spawned_main, args=(fn, args, rdzv, timeout_seconds, state, Inherited()),
                             nprocs=nproc, join=False, start_method=method)
     supervise(pc, state)
+
+
+# [Note: a launched worker leaves without finalisation]
+# A worker torchrun or SLURM started runs the command itself; once its group is torn down
+# (`_worker_main`) and the command has finished, the interpreter's finalisation still destroys
+# what gloo's worker threads and FSDP2's state hold, and now and then that aborts the process
+# ("terminate called without an active exception", SIGABRT: once in CI, rank 1 of a 2-worker
+# torchrun run whose training had finished; torchrun then reports the run failed). PyTorch's own
+# discussion of it (pytorch/pytorch#179291) found no general fix. So the command's exit status
+# is final there: its streams flushed and logging shut down, the process exits without
+# finalisation (`os._exit`), as a stopped local worker already does. Locally spawned workers
+# leave through `_spawned_main`, whose parent reads their finished flags.
+_JOINED = [False]
+"""Whether this process ran `launch`'s work as a worker torchrun or SLURM started."""
+
+
+def leave(code: int) -> int:
+    """`code`, or, in a worker torchrun or SLURM started that ran `launch`, exit with it now
+    ([Note: a launched worker leaves without finalisation])."""
+    if not _JOINED[0]:
+        return code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def _spawned_main(local_index: int, fn, args: tuple, rdzv: Rendezvous, timeout_seconds: float, state,
