@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import types
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -213,16 +214,57 @@ def run_user_code(name: str, what: str, fn: Callable, *args) -> Any:
 
 def check_scalar_loss(name: str, model: Any, inputs: tuple) -> None:
     """One forward without gradients: model(*inputs) must be a non-empty floating
-    tensor, the loss or (as `measure_profile` documents) a tensor whose sum is it."""
+    tensor, the loss or (as `measure_profile` documents) a tensor whose sum is it, or hold
+    the loss, as nanoGPT's `(logits, loss)` does (`returns_loss`)."""
     import torch
 
+    returns_loss(model)
     with torch.no_grad():
         out = run_user_code(name, " model(*example_inputs)", model, *inputs)
     if not (isinstance(out, torch.Tensor) and out.numel() >= 1 and out.is_floating_point()):
         got = f"a tensor of shape {tuple(out.shape)} and dtype {out.dtype}" if isinstance(out, torch.Tensor) \
             else type(out).__name__
         raise UsageError(f"model {name}: model(*example_inputs) must return the loss as a floating tensor "
-                         f"(a scalar, or one whose sum is the loss), got {got}")
+                         f"(a scalar, or one whose sum is the loss), got {got}; accepted too: a tuple, list or "
+                         f"dict holding exactly one 0-dim floating tensor, or an output with a `.loss`")
+
+
+# [Note: a forward that returns more than the loss]
+# nanoGPT's forward returns `(logits, loss)`, others `{"loss": ..., "logits": ...}` or an HF
+# ModelOutput. The profile, the verification and the trainer all read one loss tensor, so a
+# `python:` model whose output holds exactly one 0-dim floating tensor (or has a `.loss`) is
+# made to return that alone, wherever it is built (`plan`, `train`'s workers): its instance's
+# `forward` picks it from the class's forward, call by call (a bound method, so a deep copy of
+# the model picks from its own forward). The rest of the output is dropped as the forward
+# returns, as a training loop that keeps only the loss does; any other output is passed on, to
+# be refused in one line where the loss is read.
+
+def loss_key(out: Any) -> Any:
+    """Where the loss is in `out` ([Note: a forward that returns more than the loss]): "loss"
+    for an output with a `.loss` tensor, an index or key for the one 0-dim floating tensor of
+    a tuple, list or dict, else None."""
+    import torch
+
+    if isinstance(getattr(out, "loss", None), torch.Tensor):
+        return ".loss"
+    items = out.items() if isinstance(out, dict) else enumerate(out) if isinstance(out, (tuple, list)) else ()
+    keys = [k for k, v in items if isinstance(v, torch.Tensor) and v.dim() == 0 and v.is_floating_point()]
+    return keys[0] if len(keys) == 1 else None
+
+
+def returns_loss(model: Any) -> None:
+    """Make a user's model return its loss alone ([Note: a forward that returns more than the
+    loss]); a model with a `forward` of its own instance is left as it is."""
+    if "forward" not in vars(model):
+        model.forward = types.MethodType(_loss_only, model)
+
+
+def _loss_only(self, *args, **kwargs):
+    import torch
+
+    out = type(self).forward(self, *args, **kwargs)
+    key = None if isinstance(out, torch.Tensor) else loss_key(out)
+    return out if key is None else out.loss if key == ".loss" else out[key]
 
 
 def _import(module_name: str):

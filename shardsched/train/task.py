@@ -169,6 +169,8 @@ def _build_user(cfg: TrainConfig, name: str) -> Built:
     if batch_fn is not None and not callable(batch_fn):
         raise UsageError(f"--model {name}: the third value must be batch_fn(step, rank, world), "
                          f"got {type(batch_fn).__name__}; accepted: {CONTRACT}")
+    from shardsched.models.spec import returns_loss
+    returns_loss(out[0])  # [Note: a forward that returns more than the loss] in models/spec.py
     return Built(model=out[0], example_inputs=tuple(inputs), batch_fn=batch_fn, text_lm=False)
 
 

@@ -60,11 +60,28 @@ def test_model_without_batch_fn_repeats_inputs_and_says_so(tmp_path, capsys):
     assert any("no batch function" in n for n in summary["notes"])
 
 
+def test_a_forward_returning_predictions_and_loss_trains_on_its_loss(tmp_path):
+    """nanoGPT returns (logits, loss): the loss is the one 0-dim tensor; 2 workers' losses are
+    the mean squared errors of the two halves of each global batch, step 1 before any update."""
+    import json
+
+    from .user_models import LogitsAndLoss, _regression_batch
+    run = tmp_path / "run"
+    assert main(["train", "--model", spec("logits_and_loss"), "--nproc", "2", "--steps", "3", "--lr", "0.01",
+                 "--strategy", "full_shard", "--run-dir", str(run), "--quiet"]) == 0
+    torch.manual_seed(0)  # the trainer's seed: the same initial weights
+    model = LogitsAndLoss()
+    halves = [model(*_regression_batch(0, r, 2))[1].item() for r in (0, 1)]
+    first = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 1 and first["loss"] == pytest.approx(sum(halves) / 2, rel=1e-5)
+
+
 @pytest.mark.parametrize("function, fragment", [
     ("raises", "the builder raised RuntimeError: config file missing"),
     ("wrong_shape", "must return (model, example_inputs) or (model, example_inputs, batch_fn), got a 1-item"),
     ("not_a_module", "must return (model, example_inputs)"),
     ("vector_loss", "must return the scalar loss, got a tensor of shape (4,)"),
+    ("two_losses", "must return the scalar loss, got tuple"),
     ("bad_batch_fn", "the third value must be batch_fn(step, rank, world), got str"),
     ("failing_batch_fn", "batch_fn(0, 0, 2) raised KeyError"),
 ])

@@ -73,6 +73,19 @@ def mlp_batches():
     return Regression(), _regression_batch(0, 0, 2), _regression_batch
 
 
+class LogitsAndLoss(Regression):
+    """nanoGPT's contract: forward returns (prediction, loss) ([Note: a forward that returns more
+    than the loss] in models/spec.py)."""
+
+    def forward(self, x, y):
+        pred = self.fc2(torch.tanh(self.fc1(x))).squeeze(-1)
+        return pred, F.mse_loss(pred, y)
+
+
+def logits_and_loss():
+    return LogitsAndLoss(), _regression_batch(0, 0, 2), _regression_batch
+
+
 # ---------------------------------------------------------------- broken builders
 
 def raises():
@@ -92,6 +105,14 @@ def vector_loss():
         def forward(self, x, y):
             return (self.fc2(self.fc1(x)).squeeze(-1) - y) ** 2
     return PerRow(), _regression_batch(0, 0, 2)
+
+
+def two_losses():
+    class Two(Regression):
+        def forward(self, x, y):
+            pred = self.fc2(self.fc1(x)).squeeze(-1)
+            return F.mse_loss(pred, y), F.l1_loss(pred, y)  # which one trains? not ours to guess
+    return Two(), _regression_batch(0, 0, 2)
 
 
 def bad_batch_fn():
