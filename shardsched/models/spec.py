@@ -259,12 +259,16 @@ def returns_loss(model: Any) -> None:
         model.forward = types.MethodType(_loss_only, model)
 
 
-def _loss_only(self, *args, **kwargs):
+def picked_loss(out: Any) -> Any:
+    """The loss `out` holds (`loss_key`), or `out` itself when it holds none or is a tensor."""
     import torch
 
-    out = type(self).forward(self, *args, **kwargs)
     key = None if isinstance(out, torch.Tensor) else loss_key(out)
     return out if key is None else out.loss if key == ".loss" else out[key]
+
+
+def _loss_only(self, *args, **kwargs):
+    return picked_loss(type(self).forward(self, *args, **kwargs))
 
 
 def _import(module_name: str):

@@ -146,29 +146,24 @@ def isolate_ties(model: nn.Module, layers: list[str]) -> list[str]:
     """Split layers that hold a parameter also reachable from outside them (see
     [Note: the root unit and tied parameters]); keeps their order."""
     by_id = param_names(model)
-    while True:
-        bad = {lay for names in by_id.values() if len(names) > 1 and _holder(names, layers) is None
-               for n in names for lay in layers if _inside(n, lay) and lay != ROOT}
-        if not bad:
-            return layers
-        out = []
-        for lay in layers:
-            if lay not in bad:
-                out.append(lay)
-                continue
-            out += _parts(model.get_submodule(lay), lay)
-        layers = out
+    return _split_until(model, layers, lambda ls: {
+        lay for names in by_id.values() if len(names) > 1 and _holder(names, ls) is None
+        for n in names for lay in ls if _inside(n, lay) and lay != ROOT})
 
 
 def isolate(model: nn.Module, layers: list[str], params: Collection[str]) -> list[str]:
     """Split layers that hold any of the parameters named `params` (read outside them: [Note: a
     parameter used outside its layer] in profile/escapes.py) until none does; keeps their order.
     A module holding one directly has no part left to keep it: the root owns it."""
-    while True:
-        bad = {lay for lay in layers if lay != ROOT and any(_inside(n, lay) for n in params)}
-        if not bad:
-            return layers
-        layers = [p for lay in layers for p in (_parts(model.get_submodule(lay), lay) if lay in bad else [lay])]
+    return _split_until(model, layers, lambda ls: {
+        lay for lay in ls if lay != ROOT and any(_inside(n, lay) for n in params)})
+
+
+def _split_until(model: nn.Module, layers: list[str], bad) -> list[str]:
+    """Replace every layer in `bad(layers)` by its parts until that is empty."""
+    while bad_now := bad(layers):
+        layers = [p for lay in layers for p in (_parts(model.get_submodule(lay), lay) if lay in bad_now else [lay])]
+    return layers
 
 
 def _parts(module: nn.Module, path: str) -> list[str]:

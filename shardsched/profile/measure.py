@@ -182,9 +182,8 @@ class _Hooks:
 # ---------------------------------------------------------------- passes
 
 def _loss(out: Any) -> torch.Tensor:
-    from shardsched.models.spec import loss_key
-    key = None if isinstance(out, torch.Tensor) else loss_key(out)
-    out = out if key is None else out.loss if key == ".loss" else out[key]
+    from shardsched.models.spec import picked_loss
+    out = picked_loss(out)
     if not isinstance(out, torch.Tensor):
         raise UsageError(f"model(*example_inputs) must return the loss as a tensor, got {type(out).__name__}")
     return out if out.dim() == 0 else out.sum()

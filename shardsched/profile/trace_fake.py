@@ -180,9 +180,8 @@ def real_masks(inputs: tuple, fake_inputs: tuple) -> _RealMasks:
 def loss_of(out: Any) -> torch.Tensor:
     """The scalar loss a model's forward returns, or holds ([Note: a forward that returns more
     than the loss] in models/spec.py); UsageError (one line) otherwise."""
-    from shardsched.models.spec import loss_key
-    key = None if isinstance(out, torch.Tensor) else loss_key(out)
-    loss = out if key is None else out.loss if key == ".loss" else out[key]
+    from shardsched.models.spec import picked_loss
+    loss = picked_loss(out)
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or not loss.is_floating_point():
         got = type(out).__name__ if not isinstance(out, torch.Tensor) else f"a tensor of shape {tuple(out.shape)}"
         raise UsageError(f"model(*example_inputs) must return the scalar loss, got {got}; "
