@@ -196,12 +196,14 @@ def calibrate(*, mesh, device: torch.device, dtype: torch.dtype, repeats: int) -
     from shardsched.profile import calibrate as cal
     t0 = time.perf_counter()
     compute = cal.time_compute(device=device, dtype=dtype, repeats=repeats)
+    elementwise = cal.time_elementwise(device=device, dtype=dtype, repeats=repeats)
     optimizer = cal.time_optimizer(device=device, repeats=repeats)
     overhead = cal.time_unit_overhead(mesh=mesh, device=device, repeats=repeats)
     op_host = cal.time_op_host(device=device, repeats=repeats)
     preset = DEVICES[cal.machine_preset()]
     at_rest = state_bytes(Precision.FP32, Optimizer.ADAM).at_rest
     got = cal.fitted_device(preset, samples=[], compute=compute, optimizer=optimizer,
+                            elementwise=elementwise,
                             unit_overhead=overhead.per_unit, tensor_overhead=overhead.per_tensor, world=1,
                             state_bytes_at_rest=at_rest, op_host=op_host)
     scale = at_scale(device=device, dtype=dtype, repeats=repeats, peak_flops=preset.peak_flops,
@@ -239,8 +241,11 @@ def calibration_rows(c: Calibrated) -> list[tuple[str, str, str, str]]:
     return [
         (f"matmul efficiency (of {c.preset.peak_flops / 1e12:g} TFLOP/s)", eff(c.preset, "matmul"),
          eff(c.device, "matmul"), f"{big['matmul']['efficiency']:.3f} ({big['matmul']['n']}^3)"),
-        *[(f"{cls} efficiency", eff(c.preset, cls), eff(c.device, cls), "") for cls in ("attention", "other")],
-        ("memory bandwidth (GB/s)", f"{c.preset.memory_bandwidth / 1e9:.0f}", f"{c.device.memory_bandwidth / 1e9:.0f}",
+        ("attention efficiency", eff(c.preset, "attention"), eff(c.device, "attention"), ""),
+        ("elementwise memory bandwidth (GB/s)", f"{c.preset.memory_bandwidth / 1e9:.0f}",
+         f"{c.device.memory_bandwidth / 1e9:.0f}", ""),
+        ("optimizer memory bandwidth (GB/s)", f"{c.preset.optimizer_bytes_per_second / 1e9:.0f}",
+         f"{c.device.optimizer_bytes_per_second / 1e9:.0f}",
          f"{big['optimizer']['memory_bandwidth'] / 1e9:.0f} ({big['optimizer']['params'] >> 20}M params)"),
         ("FSDP2 host time per unit (ms)", f"{c.preset.unit_overhead_seconds * 1e3:.3f}",
          f"{c.device.unit_overhead_seconds * 1e3:.3f}", ""),

@@ -55,19 +55,20 @@ def _calibrate_worker(ctx, base: str, repeats: int, out: str) -> None:
     group, device = ctx.mesh.get_group(), ctx.device
     samples = cal.time_collectives(group=group, device=device, repeats=repeats) if ctx.world > 1 else []
     compute = cal.time_compute(device=device, repeats=repeats)
+    elementwise = cal.time_elementwise(device=device, repeats=repeats)
     optimizer = cal.time_optimizer(device=device, repeats=repeats)
     alone, _ = dist.new_subgroups(group_size=1)  # collective: every rank gets its own group of one
     overhead = cal.time_unit_overhead(mesh=DeviceMesh.from_group(alone, device.type), device=device,
                                       repeats=repeats)
     op_host = cal.time_op_host(device=device, repeats=repeats)
-    mine = [[[s.kind.value, s.nbytes, s.seconds] for s in samples], compute, list(optimizer), list(overhead),
-            list(op_host)]
-    samples_, compute, optimizer, overhead, op_host = cal.slowest_rank(mine, group=group)
+    mine = [[[s.kind.value, s.nbytes, s.seconds] for s in samples], compute, elementwise, list(optimizer),
+            list(overhead), list(op_host)]
+    samples_, compute, elementwise, optimizer, overhead, op_host = cal.slowest_rank(mine, group=group)
     if ctx.rank != 0:
         return
     samples = [cal.Sample(kind=cal.Collective(k), nbytes=n, seconds=t) for k, n, t in samples_]
     calib = cal.fitted_device(DEVICES[base], samples=samples, compute=compute, optimizer=tuple(optimizer),
-                              unit_overhead=overhead[0], tensor_overhead=overhead[1], world=ctx.world,
+                              elementwise=elementwise, unit_overhead=overhead[0], tensor_overhead=overhead[1], world=ctx.world,
                               op_host=cal.HostPerOp(*op_host),
                               state_bytes_at_rest=state_bytes(Precision.FP32, Optimizer.ADAM).at_rest)
     atomic_write(out, cluster_file_text(calib.device, fit=calib.fit) + "\n")
@@ -108,7 +109,8 @@ def print_fit(device, fit: dict, *, out: str) -> None:
     for cls, f in fit["compute"].items():
         table.add_row(f"{cls}: efficiency of {device.peak_flops / 1e9:.0f} GFLOP/s peak", f"{f['efficiency']:.3f}",
                       f"{f['rel_error']:.1%}")
-    table.add_row("optimizer step: memory bandwidth", f"{device.memory_bandwidth / 1e9:.2f} GB/s", "")
+    table.add_row("elementwise operators: memory bandwidth", f"{device.memory_bandwidth / 1e9:.2f} GB/s", "")
+    table.add_row("optimizer step: memory bandwidth", f"{device.optimizer_bytes_per_second / 1e9:.2f} GB/s", "")
     table.add_row("FSDP2 host time per unit", f"{device.unit_overhead_seconds * 1e3:.2f} ms", "")
     table.add_row("FSDP2 host time per parameter tensor", f"{device.tensor_overhead_seconds * 1e3:.3f} ms", "")
     table.add_row("host time per operator: plain / recomputed / +sac",

@@ -39,7 +39,15 @@ class DeviceSpec:
     inter: Link
     """Link between nodes (InfiniBand/RoCE/Ethernet), per worker."""
     memory_bandwidth: float = 1e12
-    """Bytes/s of device memory: the optimizer step is bound by it."""
+    """Bytes/s the memory-bound operators of a layer (norms, activations, residual adds: the
+    traced profile's `moved` bytes) reach; the optimizer step's too unless `optimizer_bandwidth`
+    says otherwise."""
+    optimizer_bandwidth: float | None = None
+    """Bytes/s of persistent state the optimizer step reads and writes (`plan.schedule`), where
+    `shardsched profile` measured it apart from `memory_bandwidth`: torch's foreach AdamW runs a
+    dozen list kernels per step and met 1.25-1.42 TB/s on an H200 whose elementwise kernels met
+    more than twice that (`bench/gpu_check.py`). None (the presets): `memory_bandwidth`, which
+    their efficiencies were fitted with."""
     unit_overhead_seconds: float = 0.0
     """Host time FSDP2 spends per unit per step (hooks, copy-in/out, DTensor
     dispatch in the optimizer). On GPUs hidden behind asynchronous kernels unless the host is
@@ -90,6 +98,10 @@ class DeviceSpec:
     for it, so every collective blocks compute and prefetch buys no time."""
 
     @property
+    def optimizer_bytes_per_second(self) -> float:
+        return self.optimizer_bandwidth or self.memory_bandwidth
+
+    @property
     def flops(self) -> float:
         return self.peak_flops * self.mfu
 
@@ -116,13 +128,15 @@ MiB = 1 << 20
 GPU_HEADROOM = dict(headroom_fraction=0.05, headroom_bytes=1 * GiB)
 
 # Host time of the GPU presets (`DeviceSpec.*_seconds`; [Note: host time per op] in
-# plan/schedule.py), measured on one NVIDIA H200's host (torch 2.11.0+cu130): one HF
-# LlamaDecoderLayer (76 forward operators) at 256 tokens, where its kernels take no time, ran
+# plan/schedule.py), measured on one NVIDIA H200's host (torch 2.11.0+cu130, a gVisor sandbox): one
+# HF LlamaDecoderLayer (76 forward operators) at 256 tokens, where its kernels take no time, ran
 # forward and backward in 5.10 ms of host time, 8.09 ms checkpointed and 13.57 ms under
 # selective checkpointing (`+sac`); FSDP2's host work `bench/gpu_check.py`'s calibration
 # fitted at 1.30 ms per unit and 0.111 ms per parameter tensor (`bench/bench_host_per_op.py`
-# and `bench/gpu_check.py` print them). The same host figures stand for every GPU: hosts differ;
-# `shardsched profile` measures its own.
+# and `bench/gpu_check.py` print them). The same host figures stand for every GPU: hosts differ,
+# and this one was the slowest of four H200 machines measured (on a Firecracker VM the same layer
+# took 4.10 / 7.46 / 10.91 ms, and gpu_check's host-bound 1 x 2048 step 119-173 ms against 195 ms:
+# `bench/bench_gpu_presets.py` prints each machine's rows); `shardsched profile` measures its own.
 GPU_HOST = dict(op_host_seconds=5.10e-3 / 76, recompute_op_host_seconds=(8.09e-3 - 5.10e-3) / 76,
                 sac_op_host_seconds=(13.57e-3 - 8.09e-3) / 76, unit_overhead_seconds=1.30e-3,
                 tensor_overhead_seconds=0.111e-3)

@@ -60,7 +60,7 @@ def scenario_for(plan: Plan, profile: Profile, cluster: Cluster) -> Scenario:
 
 def optimizer_seconds_per_param(sb, cluster: Cluster) -> float:
     """The optimizer step is memory-bound: it reads and writes every persistent byte."""
-    return sb.at_rest * 2 / cluster.device.memory_bandwidth
+    return sb.at_rest * 2 / cluster.device.optimizer_bytes_per_second
 
 
 # [Note: host time per op]

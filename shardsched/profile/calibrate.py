@@ -8,10 +8,12 @@ sharing cores and memory bandwidth. Measured, then fitted:
   fitted to the alpha-beta ring model `cost.comm` prices them with,
       t = k (N-1) alpha + k (N-1)/N M / bw      (k = 1 for AG/RS, 2 for AR),
   by least squares on relative residuals (small messages weigh as much as large);
-* compute: forward+backward of matmul-class (`x @ w`), attention-class
-  (`scaled_dot_product_attention`) and other (elementwise) ops at a few sizes,
-  fitted as t = FLOPs / (peak_flops * efficiency) per class (`DeviceSpec.efficiency`);
-* the optimizer step (AdamW): `DeviceSpec.memory_bandwidth`, as `plan.schedule`
+* compute: forward+backward of matmul-class (`x @ w`) and attention-class
+  (`scaled_dot_product_attention`) ops at a few sizes, fitted as
+  t = FLOPs / (peak_flops * efficiency) per class (`DeviceSpec.efficiency`);
+* elementwise ops (GELU forward+backward): `DeviceSpec.memory_bandwidth`, as the traced
+  profile prices the operators FlopCounterMode has no formula for (the bytes they read and write);
+* the optimizer step (AdamW): `DeviceSpec.optimizer_bandwidth`, as `plan.schedule`
   prices it (every persistent byte read and written once);
 * FSDP2's host time per unit (`DeviceSpec.unit_overhead_seconds`): the same
   stack of small layers as one plain module and as one `fully_shard` unit per
@@ -48,13 +50,15 @@ MATMULS = ((512, 128, 384), (512, 128, 512), (512, 512, 128), (1024, 256, 256), 
 ATTENTIONS = ((4, 4, 128, 32), (2, 4, 256, 32), (4, 8, 128, 16))
 """(batch, heads, seq, head_dim) of causal scaled_dot_product_attention."""
 ELEMENTWISE = (1 << 16, 1 << 18, 1 << 20)
-"""Elements of the GELU the `other` class times."""
+"""Elements of the GELU that `time_elementwise` times."""
 CUDA_MATMULS = ((4096, 4096, 4096), (8192, 4096, 4096), (4096, 4096, 11008), (8192, 8192, 8192))
 """The same on a GPU: a 1-8B model's layers at 4-8K tokens. The small shapes above are
 launch-bound there: on an H200 they fitted a matmul efficiency of 0.002 where an 8192^3
 matmul reaches 0.777 of peak (docs/design.md, "Checked on a GPU")."""
 CUDA_ATTENTIONS = ((2, 32, 2048, 128), (1, 32, 4096, 128), (4, 16, 2048, 64))
-CUDA_ELEMENTWISE = (1 << 24, 1 << 25, 1 << 26)
+CUDA_ELEMENTWISE = (1 << 25, 1 << 26, 1 << 27, 1 << 28)
+"""Large enough that the kernels, not autograd's ~0.1 ms per call, take the time (an H200's
+GELU forward and backward: 0.16 ms at 2^24 bf16 elements, 0.23 ms at 2^26)."""
 CUDA_OPTIMIZER_PARAMS = 1 << 27
 """AdamW parameters timed on a GPU (128M: 2 GiB of fp32 state; 1M there fitted 77 GB/s on an
 H200, 256M 1391 GB/s)."""
@@ -223,9 +227,9 @@ def time_compute(*, device: torch.device, dtype: torch.dtype | None = None,
 
     FLOPs as the profiles count them: 2mkn per matmul forward, 4 b s^2 (h d) per
     attention forward over the triangle a causal kernel computes (`analytic.causal_share`,
-    as the traced and analytic profiles count it), one per element per elementwise op;
-    backward twice forward (matmul, elementwise) and 2.5x for attention (FlopCounterMode's)."""
-    sync, out = _syncer(device), {"matmul": [], "attention": [], "other": []}
+    as the traced and analytic profiles count it); backward twice forward for a matmul and
+    2.5x for attention (FlopCounterMode's)."""
+    sync, out = _syncer(device), {"matmul": [], "attention": []}
     dtype = dtype or calibration_dtype(device)
     matmuls, attentions, elementwise = shapes(device)
     rand = lambda *shape: torch.randn(*shape, device=device, dtype=dtype, requires_grad=True)  # noqa: E731
@@ -237,10 +241,37 @@ def time_compute(*, device: torch.device, dtype: torch.dtype | None = None,
         fn = _fwd_bwd(lambda: F.scaled_dot_product_attention(q, kk, v, is_causal=True))
         flops = 3.5 * 4 * b * s * s * h * d * causal_share(s, s, True)
         out["attention"].append((flops, typical(fn, repeats=repeats, sync=sync)))
-    for numel in elementwise:
-        x = rand(numel)
-        out["other"].append((3 * numel, typical(_fwd_bwd(lambda: F.gelu(x)), repeats=repeats, sync=sync)))
     return out
+
+
+def time_elementwise(*, device: torch.device, dtype: torch.dtype | None = None,
+                     repeats: int = 5) -> list[tuple[int, float]]:
+    """[(bytes, seconds)] of GELU's forward and backward at each of `shapes`' elementwise sizes,
+    bytes as the traced profile counts them for an operator with no FLOP formula (what it reads
+    and writes: x -> y forward, (dy, x) -> dx backward, five tensors of the input's size)."""
+    sync, dtype = _syncer(device), dtype or calibration_dtype(device)
+    out = []
+    for numel in shapes(device)[2]:
+        x = torch.randn(numel, device=device, dtype=dtype, requires_grad=True)
+        dy = torch.ones_like(x)
+
+        def run() -> None:
+            F.gelu(x).backward(dy)
+            x.grad = None
+        out.append((5 * numel * x.element_size(), typical(run, repeats=repeats, sync=sync)))
+    return out
+
+
+def fit_bandwidth(samples: Sequence[tuple[int, float]], *, fixed: bool = False) -> float:
+    """Bytes/s of t = bytes / bandwidth (+ a fixed cost per call where `fixed`), least squares
+    on relative residuals (each size weighs the same). `fixed` where the host's time per
+    operator is priced on its own (a GPU: `DeviceSpec.op_host_seconds`): the fixed cost of a
+    call is that host time, and only the slope is the device's; on a CPU both are the device's."""
+    b = np.array([n for n, _ in samples], dtype=float)
+    t = np.array([s for _, s in samples], dtype=float)
+    rows = np.stack([np.ones_like(b), b], axis=1) if fixed else b[:, None]
+    coef, _ = nnls(rows / t[:, None], np.ones_like(t))
+    return 1.0 / coef[-1] if coef[-1] > 1e-30 else float(b.max() / t.min())
 
 
 def time_optimizer(*, device: torch.device, params: int | None = None, tensors: int = 32,
@@ -365,20 +396,23 @@ class Calibration(NamedTuple):
 
 
 def fitted_device(base: DeviceSpec, *, samples: Sequence[Sample], compute: dict, optimizer: tuple[int, float],
-                  unit_overhead: float, world: int, state_bytes_at_rest: int,
-                  tensor_overhead: float = 0.0, op_host: HostPerOp | None = None) -> Calibration:
+                  elementwise: Sequence[tuple[int, float]], unit_overhead: float, world: int,
+                  state_bytes_at_rest: int, tensor_overhead: float = 0.0,
+                  op_host: HostPerOp | None = None) -> Calibration:
     """`base` with every measured figure replaced (the inter-node link stays the
     base's: one node cannot measure it). Pure: the numbers in, the spec out."""
     fits = {c: fit_efficiency([f for f, _ in v], [t for _, t in v], peak_flops=base.peak_flops)
             for c, v in compute.items()}
     params, seconds = optimizer
     changes = dict(efficiency={c: f.efficiency for c, f in fits.items()}, mfu=fits["matmul"].efficiency,
-                   memory_bandwidth=2 * state_bytes_at_rest * params / seconds,
+                   memory_bandwidth=fit_bandwidth(elementwise, fixed=op_host is not None and op_host.plain > 0),
+                   optimizer_bandwidth=2 * state_bytes_at_rest * params / seconds,
                    unit_overhead_seconds=unit_overhead, tensor_overhead_seconds=tensor_overhead)
     if op_host is not None:
         changes.update(op_host_seconds=op_host.plain, recompute_op_host_seconds=op_host.recompute,
                        sac_op_host_seconds=op_host.selective)
     report = {"compute": {c: f._asdict() for c, f in fits.items()}, "world": world,
+              "elementwise": [[b, t] for b, t in elementwise],
               "optimizer": {"params": params, "seconds": seconds}, "unit_overhead_seconds": unit_overhead,
               "tensor_overhead_seconds": tensor_overhead, "op_host_seconds": op_host._asdict() if op_host else None,
               "inter": "the base preset's (not measured: one node)"}

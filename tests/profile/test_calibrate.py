@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from shardsched.cli import main
@@ -54,14 +55,29 @@ def test_efficiency_fit_is_exact_and_weighs_relative_error():
     assert fit_efficiency(flops, seconds, peak_flops=peak).efficiency == pytest.approx(1 / (x * peak), rel=1e-12)
 
 
+def test_bandwidth_fit_is_exact_and_matches_a_brute_force_minimum():
+    nbytes = [1 << 20, 1 << 24, 1 << 26]
+    assert cal.fit_bandwidth([(b, b / 2.5e12) for b in nbytes]) == pytest.approx(2.5e12, rel=1e-12)
+    # Noisy timings: the closed form is the minimum of the relative residuals over a fine grid.
+    samples = [(b, b / 2.5e12 * f) for b, f in zip(nbytes, (1.3, 0.9, 1.05))]
+    grid = np.linspace(1e12, 4e12, 300_001)
+    loss = sum((1 - b / (grid * t)) ** 2 for b, t in samples)
+    assert cal.fit_bandwidth(samples) == pytest.approx(grid[np.argmin(loss)], rel=1e-5)
+    # A fixed cost per call (a GPU's host time, priced apart): only the slope is bandwidth.
+    launch = [(b, 1e-4 + b / 4e12) for b in nbytes]
+    assert cal.fit_bandwidth(launch, fixed=True) == pytest.approx(4e12, rel=1e-9)
+    assert cal.fit_bandwidth(launch) < 0.5 * 4e12
+
+
 def test_fitted_device_round_trips_through_a_cluster_file(tmp_path):
     base = DEVICES["cpu"]
     cluster = Cluster(world=2, gpus_per_node=2, device=dataclasses.replace(
         base, intra=Link(alpha_seconds=2e-4, bandwidth=5e8)))
     samples = [Sample(kind=k, nbytes=n, seconds=collective_seconds(k, n, cluster)) for k in Collective for n in SIZES]
     compute = {c: [(f, f / (base.peak_flops * e)) for f in (1e6, 1e8)]
-               for c, e in (("matmul", 0.3), ("attention", 0.1), ("other", 0.01))}
+               for c, e in (("matmul", 0.3), ("attention", 0.1))}
     calib = fitted_device(base, samples=samples, compute=compute, optimizer=(1 << 20, 0.02),
+                          elementwise=[(n, n / 3e9) for n in (1 << 20, 1 << 24)],
                           unit_overhead=3e-3, tensor_overhead=4e-4, world=2, state_bytes_at_rest=16,
                           op_host=HostPerOp(plain=5e-5, recompute=3e-5, selective=6e-5))
     path = tmp_path / "cluster.json"
@@ -69,9 +85,11 @@ def test_fitted_device_round_trips_through_a_cluster_file(tmp_path):
     dev = read_cluster_file(str(path))
     assert dev == calib.device
     assert dev.intra.alpha_seconds == pytest.approx(2e-4) and dev.intra.bandwidth == pytest.approx(5e8)
-    assert dev.efficiency == pytest.approx({"matmul": 0.3, "attention": 0.1, "other": 0.01})
+    assert dev.efficiency == pytest.approx({"matmul": 0.3, "attention": 0.1})
     assert dev.mfu == pytest.approx(0.3) and dev.inter == base.inter
-    assert dev.memory_bandwidth == pytest.approx(2 * 16 * (1 << 20) / 0.02)
+    # elementwise operators and the optimizer step each get their own bandwidth
+    assert dev.memory_bandwidth == pytest.approx(3e9)
+    assert dev.optimizer_bytes_per_second == pytest.approx(2 * 16 * (1 << 20) / 0.02)
     assert dev.unit_overhead_seconds == 3e-3 and dev.tensor_overhead_seconds == 4e-4
     # the host's time per operator ([Note: host time per op] in plan/schedule.py)
     assert (dev.op_host_seconds, dev.recompute_op_host_seconds, dev.sac_op_host_seconds) == (5e-5, 3e-5, 6e-5)
@@ -90,9 +108,9 @@ def test_real_two_worker_calibration_feeds_plan(tmp_path, capsys):
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == json.loads(out.read_text())["fit"]
     dev = read_cluster_file(str(out))
-    figures = [dev.intra.alpha_seconds, dev.intra.bandwidth, dev.memory_bandwidth, dev.mfu,
-               *dev.efficiency.values()]
-    assert set(dev.efficiency) == {"matmul", "attention", "other"}
+    figures = [dev.intra.alpha_seconds, dev.intra.bandwidth, dev.memory_bandwidth, dev.optimizer_bandwidth,
+               dev.mfu, *dev.efficiency.values()]
+    assert set(dev.efficiency) == {"matmul", "attention"}
     assert all(math.isfinite(v) and v > 0 for v in figures), figures
     assert math.isfinite(dev.unit_overhead_seconds) and dev.unit_overhead_seconds >= 0
     assert math.isfinite(dev.tensor_overhead_seconds) and dev.tensor_overhead_seconds >= 0
