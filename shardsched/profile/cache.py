@@ -13,8 +13,11 @@ its module tree (`repr`: types and their arguments), the source of every module 
 uses (an edited forward is another model), its buffers, an HF `config`, the inputs' structure,
 shapes and dtypes (fake tensors see no values), the name, device preset and compute dtype
 (and for a verification the plan JSON), torch's version, and shardsched's own code (a hash of
-every .py file of the package: any change to the profiler or the engine re-traces). What it
-cannot see: a forward that reads a global or a plain attribute its `repr` hides. Entries are
+every .py file of the package: any change to the profiler or the engine re-traces), and each
+module's plain attributes (numbers, strings, booleans: `training`, HF's `gradient_checkpointing`,
+which `repr` hides and a forward reads: a GPT-2 traced with gradient checkpointing on was once
+handed to the same model with it off). What it cannot see: a forward that reads a global or an
+attribute of another kind. Entries are
 written atomically (a temporary file, then `os.replace`); one that cannot be read or parsed
 is ignored and written again. `SHARDSCHED_CACHE=DIR` moves the cache (default
 `$XDG_CACHE_HOME/shardsched`, else `~/.cache/shardsched`); `SHARDSCHED_CACHE=off` turns it off.
@@ -71,6 +74,13 @@ def _inputs(x: Any) -> Any:
     return ["value", repr(x)]
 
 
+def _plain_attributes(model) -> list:
+    """Per module, its attributes that are numbers, strings, booleans or None."""
+    plain = (bool, int, float, str, type(None))
+    return [[name, sorted((k, v) for k, v in vars(m).items() if isinstance(v, plain))]
+            for name, m in model.named_modules()]
+
+
 def model_key(model, inputs: tuple, *extra: Any) -> str:
     """The key of `model` on `inputs` (see [Note: the profile cache]), with `extra` parts."""
     import torch
@@ -81,7 +91,7 @@ def model_key(model, inputs: tuple, *extra: Any) -> str:
     parts = [fingerprint(model), repr(model), [_source(c) for c in classes],
              [[n, list(b.shape), str(b.dtype)] for n, b in model.named_buffers()],
              config.to_json_string() if hasattr(config, "to_json_string") else repr(config),
-             _inputs(inputs), torch.__version__, code_version(), *extra]
+             _inputs(inputs), torch.__version__, code_version(), _plain_attributes(model), *extra]
     return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()[:24]
 
 

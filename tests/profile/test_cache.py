@@ -86,3 +86,17 @@ def test_the_key_sees_an_edited_forward_and_other_input_shapes():
     assert model_key(A(), (x,)) == model_key(A(), (torch.randn(2, 4),))  # values are not seen
     assert model_key(A(), (x,)) != model_key(B(), (x,))
     assert model_key(A(), (x,)) != model_key(A(), (torch.randn(3, 4),))
+
+
+def test_the_key_sees_a_plain_attribute_the_forward_reads():
+    """HF's `gradient_checkpointing` (and `training`) are attributes `repr` hides: a GPT-2 traced
+    with checkpointing on was handed to the same model with it off, its plan 26% under."""
+    from tests.train.user_models import gpt2_tied
+    model, inputs, _ = gpt2_tied()
+    plain = model_key(model, inputs)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert model_key(model, inputs) != plain
+    model, inputs, _ = gpt2_tied()
+    assert model_key(model, inputs) == plain
+    model.eval()
+    assert model_key(model, inputs) != plain
