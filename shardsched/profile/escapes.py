@@ -68,7 +68,7 @@ class Escapes(TorchDispatchMode):
         """Layers whose code read a child's parameter outside the child: never split into children."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.owned:
+        if self.owned and not L.recomputing():  # a recomputation reads its layer's parameters in backward
             running = None
             for t in L.tensors_in((args, kwargs)):
                 hit = self.owned.get(_key(t))

@@ -41,8 +41,8 @@ class HeldOutputs:
         self.handles = []
         for name in layers:
             module = model.get_submodule(name)
-            self.handles += [module.register_forward_pre_hook(self._pre(name), with_kwargs=True),
-                             module.register_forward_hook(self._post(name), with_kwargs=True)]
+            self.handles += [module.register_forward_pre_hook(L.in_forward(self._pre(name)), with_kwargs=True),
+                             module.register_forward_hook(L.in_forward(self._post(name)), with_kwargs=True)]
 
     def _live(self) -> dict[int, tuple[Tag, int]]:
         """Storage key -> (tag, bytes) of the tagged outputs still alive."""

@@ -53,6 +53,20 @@ from shardsched.models.notes import model_notes
 
 CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 ROOT = ""
+def recomputing() -> bool:
+    """A module's forward runs inside backward: a checkpoint in the model recomputing it ([Note: a
+    checkpoint inside the model] in profile/trace_fake.py), not a call of the step."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def in_forward(hook):
+    """`hook` (a module forward (pre-)hook) run only in the step's forward: a recomputation in
+    backward neither opens windows nor counts calls, inputs or outputs again."""
+    def guarded(*args, **kwargs):
+        return None if recomputing() else hook(*args, **kwargs)
+    return guarded
+
+
 def notes_extra(model: nn.Module) -> dict:
     """{"notes": [...]} for `Profile.extra` when the model carries notes, else {}."""
     notes = model_notes(model)

@@ -148,7 +148,8 @@ class _Hooks:
             if self.bwd_starts[name]:
                 self.bwd[name] += time.perf_counter() - self.bwd_starts[name].pop()
 
-        self.handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post),
+        self.handles += [module.register_forward_pre_hook(L.in_forward(pre)),
+                         module.register_forward_hook(L.in_forward(post)),
                          *watch_backward(module, bwd_start, bwd_end)]
 
     def finish_backward(self, end: float) -> None:

@@ -45,7 +45,7 @@ from shardsched.profile.fake_rules import FakeRules as _FakeRules, cold_fake_mod
 from shardsched.profile.workspace import ROOT_TAIL, BackwardWorkspace
 from shardsched.profile.workspace_terms import layer_workspace, outside_workspace
 from shardsched.core import sac_policy as sac
-from shardsched.profile.trace_fake import (fake_copy_inputs, fake_state, hf_one_sequence_per_row, loss_of, module_params,
+from shardsched.profile.trace_fake import (fake_copy_inputs, fake_parameters, fake_state, hf_one_sequence_per_row, loss_of, module_params,
                                           quiet_fake_tensor_log, real_masks, restored, untied)
 from shardsched.profile.trace_record import (FlopCounter, SacStats, Stats, Tagger, Tracer, loss_bytes, storage_bytes,
                                              storage_key)
@@ -120,10 +120,11 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         return t
 
     try:
-        with restored(model), quiet_fake_tensor_log(), hf_one_sequence_per_row(), mode, masks, rules, FlopCounter(tracer), Tagger(tracer), ws, warnings.catch_warnings():
+        with restored(model), quiet_fake_tensor_log(), hf_one_sequence_per_row(), mode, masks, rules, FlopCounter(tracer), Tagger(tracer), ws, warnings.catch_warnings(), \
+                fake_parameters(model, untied(state)):
             warnings.simplefilter("ignore")
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), tracer.escapes:
-                loss = loss_of(torch.func.functional_call(model, untied(state), fake_inputs, tie_weights=True))
+                loss = loss_of(model(*fake_inputs))
             tracer.stats.loss_bytes = loss_bytes(loss)
             ws.backward_starts()  # the loss is computed: backward is not code between modules
             kept.clear()  # the graph holds what backward needs; activations must free as it runs

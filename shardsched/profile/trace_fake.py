@@ -94,6 +94,26 @@ def untied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+# [Note: a checkpoint inside the model]
+# A layer that calls `torch.utils.checkpoint` itself (HF's gradient checkpointing, a block that
+# checkpoints its MLP) runs its forward again inside backward. `torch.func.functional_call`
+# swaps the fake parameters in for the forward alone, so that recomputation met the real ones
+# and the trace failed ("Please convert all Tensors to FakeTensors"): the model fell back to
+# the measured profile, whose selective figures were 5-15% under what ran. The swap is held
+# open through backward instead. The recomputation then runs the model's modules again inside
+# backward: the profiler's module hooks skip it (`layers.in_forward`: it is no call of the step),
+# and nothing the profiler hooks holds autograd nodes in a reference cycle (FlopCounterMode's
+# module tracker and `register_multi_grad_hook` did), since a node of the checkpointed region
+# whose backward never runs kept its saved tensors until Python's garbage collector ran: HF
+# GPT-2's windows moved 30-140% with when that was. Its plans are now FSDP2's and DDP's peaks
+# on real tensors (tests/verify/test_engine.py).
+def fake_parameters(model: nn.Module, state: dict[str, torch.Tensor]):
+    """`model`'s parameters and buffers swapped for `state` (fake, untied) until the block ends:
+    `functional_call`'s own swap, kept through backward ([Note: a checkpoint inside the model])."""
+    from torch.nn.utils.stateless import _reparametrize_module
+    return _reparametrize_module(model, state, tie_weights=True)
+
+
 @contextlib.contextmanager
 def restored(model: nn.Module):
     """[Note: one module object at two places] `functional_call` swaps each name in and back

@@ -3,6 +3,8 @@ FLOPs by op class, the bytes saved for backward and the workspace, from hooks on
 autograd nodes and dispatched ops."""
 from __future__ import annotations
 
+import contextlib
+
 import math
 import weakref
 from collections import defaultdict
@@ -173,8 +175,8 @@ class Tracer:
             if name in self.layer_set and self.stats.calls[name] == 1:
                 self._produced(name, out)
 
-        self.handles += [module.register_forward_pre_hook(pre, with_kwargs=True),
-                         module.register_forward_hook(post, with_kwargs=True)]
+        self.handles += [module.register_forward_pre_hook(L.in_forward(pre), with_kwargs=True),
+                         module.register_forward_hook(L.in_forward(post), with_kwargs=True)]
 
     def _produced(self, name: str, out) -> None:
         """What the plain trace counted each output of layer `name` as (`OutputStatus`)."""
@@ -239,6 +241,11 @@ class FlopCounter(fc.FlopCounterMode):
     def __init__(self, tracer: Tracer):
         super().__init__(display=False, custom_mapping=_CUSTOM)
         self.tracer = tracer
+        # Its module tracker (attribution we do not read: the tracer attributes) hooks every
+        # module's outputs with `register_multi_grad_hook`, whose hook holds the nodes it hooks:
+        # a node whose backward never runs (a checkpointed region's) kept its saved tensors
+        # until Python's garbage collector ran ([Note: a checkpoint inside the model]).
+        self.mod_tracker = contextlib.nullcontext()
 
     def _count_flops(self, func_packet, out, args, kwargs):
         keys, phase = self.tracer.key()

@@ -44,6 +44,8 @@ from torch.nn.modules._functions import BackwardHookFunction
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from torch.utils.weak import WeakIdKeyDictionary
 
+from shardsched.profile.layers import in_forward
+
 # [Note: backward windows without full backward hooks]
 # `register_full_backward_(pre_)hook` wraps a module's inputs and outputs in
 # `BackwardHookFunction`, whose outputs are views; a model that then modifies one in place
@@ -100,6 +102,22 @@ def _wrap_inputs(args, kwargs, end):
     return tree_unflatten(flat, spec)
 
 
+def _on_first_grad(outs: list[torch.Tensor], start) -> None:
+    """`start(grad)` once, at the first gradient w.r.t. one of `outs`: `register_multi_grad_hook`
+    in mode "any", without its cycle. Its hook holds the list of the nodes it hooks, so a node
+    whose backward never runs (a checkpointed region's original one) stayed alive, its saved
+    tensors with it, until Python's garbage collector ran: the trace's windows then depended
+    on when that was ([Note: a checkpoint inside the model] in profile/trace_fake.py)."""
+    fired: list[bool] = []
+
+    def first(grad) -> None:
+        if not fired:
+            fired.append(True)
+            start(grad)
+    for t in outs:
+        t.register_hook(first)
+
+
 def watch_backward(module: nn.Module, start, end, inputless=lambda: None) -> list:
     """Call `start(grad)` when the first gradient w.r.t. one of `module`'s outputs is ready
     and `end(grads)` when those w.r.t. all its inputs are, on every forward that records a graph
@@ -114,10 +132,10 @@ def watch_backward(module: nn.Module, start, end, inputless=lambda: None) -> lis
     def post(m, args, kwargs, out):
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
         if outs and torch.is_grad_enabled():
-            register_multi_grad_hook(outs, start, mode="any")
+            _on_first_grad(outs, start)
 
-    return [module.register_forward_pre_hook(pre, with_kwargs=True),
-            module.register_forward_hook(post, with_kwargs=True)]
+    return [module.register_forward_pre_hook(in_forward(pre), with_kwargs=True),
+            module.register_forward_hook(in_forward(post), with_kwargs=True)]
 
 
 # [Note: forward windows]
@@ -363,7 +381,8 @@ class BackwardWorkspace(TorchDispatchMode):
             self.forward[name] = max(self.forward.get(name, 0), peak - base)
             self._gaps[name] = self.live
 
-        self.handles += [module.register_forward_pre_hook(fwd_pre), module.register_forward_hook(fwd_post)]
+        self.handles += [module.register_forward_pre_hook(in_forward(fwd_pre)),
+                         module.register_forward_hook(in_forward(fwd_post))]
 
     def note_saved(self, nbytes: int, storage=None) -> None:
         """A storage saved for backward for the first time (the profiler's pack hook); with

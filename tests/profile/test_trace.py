@@ -91,3 +91,27 @@ def test_traced_workspace_equals_measured_and_analytic(cfg, dtype, head_exact):
             assert abs(t.workspace_bytes - a.workspace_bytes) <= 512, t.name
         elif head_exact:
             assert t.workspace_bytes == a.workspace_bytes
+
+
+def test_a_trace_does_not_depend_on_when_the_garbage_collector_runs():
+    """Reference cycles that held autograd nodes (FlopCounterMode's module tracker, a multi-grad
+    hook) kept a checkpointed region's saved tensors alive until `gc` ran: a GPT-2 under HF's
+    gradient checkpointing traced workspaces 30-140% apart with the collector off and on."""
+    import gc
+
+    from tests.train.user_models import gpt2_tied
+
+    def traced():
+        model, inputs, _ = gpt2_tied()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return trace.trace_profile(model, inputs, name="gpt2", device=CPU)
+    on = traced()
+    gc.collect()
+    gc.disable()
+    try:
+        off = traced()
+    finally:
+        gc.enable()
+    assert on == off
+    blocks = [layer for layer in on.layers if layer.name.startswith("transformer.h.")]
+    assert blocks[0].workspace_bytes == blocks[1].workspace_bytes  # two equal blocks, one window

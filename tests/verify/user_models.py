@@ -318,3 +318,40 @@ class UNet(nn.Module):
 def build_unet_mse(micro_batch: int = 4, size: int = 32):
     x = torch.randn(micro_batch, 3, size, size, generator=_gen(4))
     return UNet(), (x, x.flip(-1).contiguous())
+
+
+class SelfCheckpointed(nn.Module):
+    """A pre-norm attention-and-MLP block that checkpoints its own MLP (`torch.utils.checkpoint`
+    in its forward, as user code and HF's gradient checkpointing do): [Note: a checkpoint inside
+    the model] in profile/trace_fake.py."""
+
+    def __init__(self, d: int = 64, reentrant: bool = False):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.reentrant = reentrant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.ln1(x)).unflatten(-1, (3, 4, -1)).permute(2, 0, 3, 1, 4)
+        x = x + self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2))
+        return x + torch.utils.checkpoint.checkpoint(self.mlp, self.ln2(x), use_reentrant=self.reentrant)
+
+
+class SelfCheckpointedLM(nn.Module):
+    def __init__(self, vocab: int = 128, d: int = 64, depth: int = 3, reentrant: bool = False):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(SelfCheckpointed(d, reentrant) for _ in range(depth))
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        for b in self.blocks:
+            x = b(x)
+        return F.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
+
+
+def build_self_ckpt(micro_batch: int = 4, seq: int = 32, reentrant: bool = False):
+    idx = torch.randint(0, 128, (micro_batch, seq + 1), generator=_gen(5))
+    return SelfCheckpointedLM(reentrant=reentrant), (idx[:, :-1].contiguous(), idx[:, 1:].contiguous())
