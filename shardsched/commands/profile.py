@@ -68,8 +68,8 @@ def _calibrate_worker(ctx, base: str, repeats: int, out: str) -> None:
         return
     samples = [cal.Sample(kind=cal.Collective(k), nbytes=n, seconds=t) for k, n, t in samples_]
     calib = cal.fitted_device(DEVICES[base], samples=samples, compute=compute, optimizer=tuple(optimizer),
-                              elementwise=elementwise, unit_overhead=overhead[0], tensor_overhead=overhead[1], world=ctx.world,
-                              op_host=cal.HostPerOp(*op_host),
+                              elementwise=elementwise, unit_overhead=overhead[0], tensor_overhead=overhead[1],
+                              world=ctx.world, op_host=cal.HostPerOp(*op_host),
                               state_bytes_at_rest=state_bytes(Precision.FP32, Optimizer.ADAM).at_rest)
     atomic_write(out, cluster_file_text(calib.device, fit=calib.fit) + "\n")
 

@@ -271,7 +271,8 @@ def fit_bandwidth(samples: Sequence[tuple[int, float]], *, fixed: bool = False) 
     t = np.array([s for _, s in samples], dtype=float)
     rows = np.stack([np.ones_like(b), b], axis=1) if fixed else b[:, None]
     coef, _ = nnls(rows / t[:, None], np.ones_like(t))
-    return 1.0 / coef[-1] if coef[-1] > 1e-30 else float(b.max() / t.min())
+    largest = int(np.argmax(b))  # no per-byte cost fitted (noise): the largest call's rate
+    return 1.0 / coef[-1] if coef[-1] > 1e-30 else float(b[largest] / t[largest])
 
 
 def time_optimizer(*, device: torch.device, params: int | None = None, tensors: int = 32,

@@ -53,6 +53,8 @@ from shardsched.models.notes import model_notes
 
 CONTAINERS = (nn.ModuleList, nn.Sequential, nn.ModuleDict)
 ROOT = ""
+
+
 def recomputing() -> bool:
     """A module's forward runs inside backward: a checkpoint in the model recomputing it ([Note: a
     checkpoint inside the model] in profile/trace_fake.py), not a call of the step."""

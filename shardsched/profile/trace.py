@@ -45,8 +45,9 @@ from shardsched.profile.fake_rules import FakeRules as _FakeRules, cold_fake_mod
 from shardsched.profile.workspace import ROOT_TAIL, BackwardWorkspace
 from shardsched.profile.workspace_terms import layer_workspace, outside_workspace
 from shardsched.core import sac_policy as sac
-from shardsched.profile.trace_fake import (fake_copy_inputs, fake_parameters, fake_state, hf_one_sequence_per_row, loss_of, module_params,
-                                          quiet_fake_tensor_log, real_masks, restored, untied)
+from shardsched.profile.trace_fake import (fake_copy_inputs, fake_parameters, fake_state, hf_one_sequence_per_row,
+                                          loss_of, module_params, quiet_fake_tensor_log, real_masks, restored,
+                                          untied)
 from shardsched.profile.trace_record import (FlopCounter, SacStats, Stats, Tagger, Tracer, loss_bytes, storage_bytes,
                                              storage_key)
 from shardsched.profile.trace_stacks import Truncated, expand, find_stacks, fold, untraced

@@ -4,7 +4,6 @@ autograd nodes and dispatched ops."""
 from __future__ import annotations
 
 import contextlib
-
 import math
 import weakref
 from collections import defaultdict

@@ -55,9 +55,9 @@ from shardsched.profile.layers import in_forward
 # made by custom Functions). It also keeps the gradients w.r.t. the outputs alive until
 # the module's input gradients are ready (`BackwardHook.grad_outputs`), which FSDP2 does not:
 # an extra (T, h) gradient in a block's window (gelu 2x128 full_shard: +0.77%, now -0.00%).
-# So a window opens by a gradient hook on the outputs themselves (`register_multi_grad_hook`,
-# mode "any", as FSDP2 finds its own pre-backward, torch/distributed/fsdp/_fully_shard/
-# _fsdp_state.py): outputs are not wrapped, so in-place ops on them see the model's own
+# So a window opens by a gradient hook on the outputs themselves (the first of them to get its
+# gradient, as FSDP2 finds its own pre-backward with `register_multi_grad_hook` mode "any",
+# torch/distributed/fsdp/_fully_shard/_fsdp_state.py; `_on_first_grad`): outputs are not wrapped, so in-place ops on them see the model's own
 # tensors. It closes when the gradients w.r.t. all the module's inputs that need one are
 # ready (mode "all" on the inputs passed through one `BackwardHookFunction`, the identity a
 # full backward hook puts there, so they are the module's own input gradients, before other
