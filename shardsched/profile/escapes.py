@@ -66,6 +66,8 @@ class Escapes(TorchDispatchMode):
         """Parameters read outside their layer: their layer must be split."""
         self.kids: set[str] = set()
         """Layers whose code read a child's parameter outside the child: never split into children."""
+        self.aliased: set[str] = set()
+        """Layers given one floating tensor at two arguments: joined into their parent (`join_aliased`)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.owned and not L.recomputing():  # a recomputation reads its layer's parameters in backward
@@ -92,8 +94,42 @@ def settled_layers(model: nn.Module, names: list[str], run: Callable[[list[str]]
     its layer])."""
     seen = run(names)
     for _ in range(ROUNDS - 1):
-        if not seen.params:
+        joined = join_aliased(model, names, seen.aliased)
+        if not seen.params and joined == names:
             break
-        names = [n for n in L.isolate(model, names, seen.params) if n != L.ROOT]
+        names = [n for n in L.isolate(model, joined, seen.params) if n != L.ROOT]
         seen = run(names)
     return names, seen
+
+
+def given_twice(args, kwargs) -> bool:
+    """One floating tensor at two of a call's arguments ([Note: inputs passed twice])."""
+    ids = [id(t) for t in L.tensors_in((args, kwargs)) if t.is_floating_point()]
+    return len(set(ids)) < len(ids)
+
+
+def join_aliased(model: nn.Module, names: list[str], aliased: Collection[str]) -> list[str]:
+    """`names` with every layer inside the caller of an aliased layer replaced by that caller:
+    its nearest ancestor that is no container and not the root (none: the layer stays)."""
+    out = list(names)
+    for a in aliased:
+        parent = _caller(model, a)
+        if parent is None or parent not in {p for n in out for p in _ancestors(n)}:
+            continue
+        inside = [n for n in out if L._inside(n, parent)]
+        at = out.index(inside[0])
+        out = [n for n in out if n not in inside]
+        out.insert(at, parent)
+    return out
+
+
+def _ancestors(name: str) -> list[str]:
+    parts = name.split(".")
+    return [".".join(parts[:k]) for k in range(1, len(parts))]
+
+
+def _caller(model: nn.Module, name: str) -> str | None:
+    for path in reversed(_ancestors(name)):
+        if not isinstance(model.get_submodule(path), L.CONTAINERS):
+            return path
+    return None

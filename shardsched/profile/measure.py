@@ -13,9 +13,10 @@ output bytes, the selective-checkpointing fields: [Note: exit windows] in
 profile/workspace.py). So a measured and a traced profile of one model predict the same
 memory, and auto offers selective checkpointing on both. The seconds of the ops a selective
 layer recomputes are the measured forward times the fraction the trace prices them at
-(on this machine's preset). A model the trace refuses keeps the bytes measured here, and
-those fields stay unknown. `measure_profile` itself still measures bytes by running the
-model: the tests hold the trace to it.
+(on this machine's preset). A model fake tensors cannot run is traced on real copies
+([Note: a trace on real tensors] in profile/trace_fake.py); a model that trace refuses too
+keeps the bytes measured here, and those fields stay unknown. `measure_profile` itself still
+measures bytes by running the model: the tests hold the trace to it.
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import torch.nn as nn
 
 from shardsched.errors import UsageError
 from shardsched.profile import layers as L
-from shardsched.profile.escapes import Escapes, owners, settled_layers
+from shardsched.profile.escapes import Escapes, given_twice, owners, settled_layers
 from shardsched.profile.fingerprint import fingerprint
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.profile.trace_record import loss_bytes
@@ -52,17 +53,19 @@ def _run_order(model: nn.Module, names: list[str], inputs: tuple) -> tuple[list[
     running: list[str] = []
 
     def enter(name: str):
-        def hook(module, args) -> None:  # must return None: a value would replace the inputs
+        def hook(module, args, kwargs) -> None:  # must return None: a value would replace the inputs
             running.append(name)
             if name not in first and name not in parent:
                 first.append(name)
+            if name not in parent and given_twice(args, kwargs):  # [Note: inputs passed twice]
+                watch.aliased.add(name)
         return hook
 
     def leave(module, args, out) -> None:
         running.pop()
 
-    handles = [h for n in [*names, *parent]
-               for h in (modules[n].register_forward_pre_hook(enter(n)), modules[n].register_forward_hook(leave))]
+    handles = [h for n in [*names, *parent] for h in (modules[n].register_forward_pre_hook(enter(n), with_kwargs=True),
+                                                      modules[n].register_forward_hook(leave))]
     watch = Escapes(owners(model, [*names, *parent]), lambda: running, parent)
     try:
         with torch.no_grad(), watch:

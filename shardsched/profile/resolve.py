@@ -139,10 +139,16 @@ def _traced_memory(profile: Profile, model, inputs, compute_dtype: str) -> Profi
     from shardsched.cost.device import DEVICES
     from shardsched.profile.calibrate import machine_preset
     from shardsched.profile.measure import with_traced_memory
-    from shardsched.profile.trace import trace_profile
+    from shardsched.profile.trace import Untraceable, trace_profile
+
+    def trace(tensors: str) -> Profile:
+        return trace_profile(model, inputs, name=profile.model, device=DEVICES[machine_preset()],
+                             compute_dtype=compute_dtype, tensors=tensors)
     try:
-        traced = trace_profile(model, inputs, name=profile.model, device=DEVICES[machine_preset()],
-                               compute_dtype=compute_dtype)
+        try:
+            traced = trace("fake")
+        except Untraceable:  # [Note: a trace on real tensors] in profile/trace_fake.py
+            traced = trace("real")
         return with_traced_memory(profile, traced)
     except (UsageError, ValueError) as e:
         note = f"bytes measured, not traced ({str(e).splitlines()[0][:160] if str(e) else type(e).__name__})"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections import defaultdict
 from typing import Any, Sequence
 
 import torch
@@ -46,8 +47,8 @@ from shardsched.profile.workspace import ROOT_TAIL, BackwardWorkspace
 from shardsched.profile.workspace_terms import layer_workspace, outside_workspace
 from shardsched.core import sac_policy as sac
 from shardsched.profile.trace_fake import (fake_copy_inputs, fake_parameters, fake_state, hf_one_sequence_per_row,
-                                          loss_of, module_params, quiet_fake_tensor_log, real_masks, restored,
-                                          untied)
+                                          loss_of, module_params, quiet_fake_tensor_log, real_copy_inputs, real_masks,
+                                          real_state, restored, seeded, untied)
 from shardsched.profile.trace_record import (FlopCounter, SacStats, Stats, Tagger, Tracer, loss_bytes, storage_bytes,
                                              storage_key)
 from shardsched.profile.trace_stacks import Truncated, expand, find_stacks, fold, untraced
@@ -71,10 +72,14 @@ class Untraceable(UsageError):
 # (`LayerProfile.outside_kept_bytes`, read by `plan.units.kept_when_checkpointed`). A U-Net
 # checkpointed everywhere ran 9.6% above its prediction without it (its encoders' outputs).
 
-def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtype: torch.dtype) -> Tracer:
-    mode = cold_fake_mode(allow_non_fake_inputs=False)  # [Note: a cold fake-tensor cache]
-    state = fake_state(model, dtype, mode)
-    fake_inputs = fake_copy_inputs(inputs, dtype, mode)
+def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtype: torch.dtype,
+         real: bool = False) -> Tracer:
+    """One traced step; `real`: on real copies of the model ([Note: a trace on real tensors])."""
+    if real:
+        mode, state, fake_inputs = contextlib.nullcontext(), real_state(model, dtype), real_copy_inputs(inputs, dtype)
+    else:
+        mode = cold_fake_mode(allow_non_fake_inputs=False)  # [Note: a cold fake-tensor cache]
+        state, fake_inputs = fake_state(model, dtype, mode), fake_copy_inputs(inputs, dtype, mode)
     exclude = {storage_key(t) for t in [*state.values(), *L.tensors_in(fake_inputs)]}
     tracer = Tracer(model, names, children)
     tracer.saved_keys, tracer.persistent_keys = exclude, set(exclude)
@@ -83,11 +88,15 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
                            parents=tracer.parent, params=module_params(state, [*names, *tracer.parent]))
     kept: list[torch.Tensor] = []  # keep saved storages alive: no StorageImpl reuse while we dedupe
     rules = _FakeRules()
-    masks = real_masks(inputs, fake_inputs)  # [Note: boolean masks on fake tensors] in trace_fake.py
+    # [Note: boolean masks on fake tensors] in trace_fake.py
+    masks = contextlib.nullcontext() if real else real_masks(inputs, fake_inputs)
     # [Note: a parameter used outside its layer] in profile/escapes.py
     tracer.escapes = Escapes(owners(model, [*names, *tracer.parent], state), lambda: tracer.stack, tracer.parent)
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
+    added: dict[int, tuple] = {}  # [Note: saves of a branch that dies in forward]
+    alive: dict[int, int] = defaultdict(int)
+
+    def pack(t: torch.Tensor) -> _Saved:
         k = storage_key(t)
         _resaved(tracer, k, t)
         tracer.stats.out_status.saved(k, first=k not in exclude, outside=tracer.outside(), layer=tracer.forward_key()[0])
@@ -97,11 +106,13 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
                 tracer.stats.outside_kept[owner] += t.untyped_storage().nbytes()
         if k not in exclude:
             exclude.add(k)
+            own_input = []
             if not tracer.outside():
                 tracer.stats.saved_inside[k] = tracer.forward_key()[0]
                 for key in tracer.forward_key():  # its own input, saved by its own code
                     if k in tracer.stats.fresh_inputs.get(key, ()):
                         tracer.stats.input_saved[key] += t.untyped_storage().nbytes()
+                        own_input.append(key)
             kept.append(t)
             nbytes = t.untyped_storage().nbytes()
             ws.note_saved(nbytes, t.untyped_storage())
@@ -111,6 +122,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
             st = tracer.stats
             _shared_output(st, k, keys, nbytes)
             st.largest_saved[keys[0]] = max(st.largest_saved[keys[0]], nbytes)
+            kid = None
             if tracer.outside():
                 st.outside[keys[0]] += nbytes
                 st.outside_largest[keys[0]] = max(st.outside_largest[keys[0]], nbytes)
@@ -118,14 +130,16 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
                 st.acts[kid] += nbytes
                 st.outside[kid] += nbytes
                 st.outside_largest[kid] = max(st.outside_largest[kid], nbytes)
-        return t
+            added[k] = (nbytes, keys, kid, tracer.outside(), tuple(own_input))
+        return _Saved(t, k, alive)
 
     try:
         with restored(model), quiet_fake_tensor_log(), hf_one_sequence_per_row(), mode, masks, rules, FlopCounter(tracer), Tagger(tracer), ws, warnings.catch_warnings(), \
-                fake_parameters(model, untied(state)):
+                fake_parameters(model, untied(state)), seeded(real):
             warnings.simplefilter("ignore")
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), tracer.escapes:
+            with torch.autograd.graph.saved_tensors_hooks(pack, _Saved.unpack), tracer.escapes:
                 loss = loss_of(model(*fake_inputs))
+            _unsave_dead(tracer.stats, added, alive)
             tracer.stats.loss_bytes = loss_bytes(loss)
             ws.backward_starts()  # the loss is computed: backward is not code between modules
             kept.clear()  # the graph holds what backward needs; activations must free as it runs
@@ -136,7 +150,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
     except Exception as e:  # data-dependent ops and the like: the model cannot be traced
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         op = f"op {rules.failed} failed " if rules.failed else ""
-        raise Untraceable(f"cannot trace the model on fake tensors: {op}({type(e).__name__}: {msg[:200]}); "
+        raise Untraceable(f"cannot trace the model on {'real' if real else 'fake'} tensors: {op}({type(e).__name__}: {msg[:200]}); "
                           f"accepted: --measure to profile it on real tensors on this machine instead") from None
     finally:
         tracer.stats.workspace.update(ws.finish())
@@ -152,13 +166,61 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
                           *((m, tracer.stats.sac[m].forward) for m in sac.MODES)):
             held = None if keep else HeldOutputs(model, names)  # [Note: outputs the caller's code holds]
             try:
-                out.update(_forward_without_saving(model, state, fake_inputs, names, list(tracer.parent),
-                                                   [*state.values(), *L.tensors_in(fake_inputs)], keep_saved=keep))
+                with seeded(real):
+                    out.update(_forward_without_saving(model, state, fake_inputs, names, list(tracer.parent),
+                                                       [*state.values(), *L.tensors_in(fake_inputs)], keep_saved=keep))
             finally:
                 if held is not None:
                     held.remove()
                     tracer.stats.held = held
     return tracer
+
+
+# [Note: saves of a branch that dies in forward]
+# Autograd saves an op's inputs when the op runs, but a branch whose output never reaches the
+# loss (a router's score read only by `score > 0`, an argmax) frees its nodes, and what they
+# saved, as soon as that output goes: `Linear(d, 1)` saved its (B, T, d) input for an instant.
+# The trace counted every first save as an activation of the running layer (a masked-MLP LM:
+# 6.6% over its full_shard peak, one (B, T, d) a block). Autograd holds a `_Saved` per save;
+# a storage none of whose holders lives when forward ends is taken back out of the layer's
+# activations, its outside code's and its own-input bytes (`_unsave_dead`). The windows are
+# left as measured: the trace keeps the tensor (no storage is reused while it dedupes), so
+# they count it both in their peak and in what was saved. Kept, the tensor keeps its own
+# producer alive: what a dead branch's earlier nodes saved (its LayerNorm's input) still
+# counts, an upper bound (keeping the storage alone made a node's death, and so the profile,
+# vary between runs).
+
+class _Saved:
+    """What autograd holds for one saved tensor; counts the storage's live holders."""
+
+    __slots__ = ("t", "k", "alive")
+
+    def __init__(self, t: torch.Tensor, k: int, alive: dict[int, int]):
+        self.t, self.k, self.alive = t, k, alive
+        alive[k] += 1
+
+    def __del__(self):
+        self.alive[self.k] -= 1
+
+    @staticmethod
+    def unpack(saved: "_Saved") -> torch.Tensor:
+        return saved.t
+
+
+def _unsave_dead(st: Stats, added: dict[int, tuple], alive: dict[int, int]) -> None:
+    """Take the first saves no live node holds back out ([Note: saves of a branch that dies in forward])."""
+    for k, (nbytes, keys, kid, outside, own_input) in added.items():
+        if alive[k] > 0:
+            continue
+        for key in keys:
+            st.acts[key] -= nbytes
+        if outside:
+            st.outside[keys[0]] -= nbytes
+        if kid is not None:
+            st.acts[kid] -= nbytes
+            st.outside[kid] -= nbytes
+        for key in own_input:
+            st.input_saved[key] -= nbytes
 
 
 class _KeepSaved(TorchDispatchMode):
@@ -306,10 +368,12 @@ def _unique(params) -> list[nn.Parameter]:
 
 
 def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str, device: DeviceSpec,
-                  layers: Sequence[str] | None = None, compute_dtype: str = "float32") -> Profile:
+                  layers: Sequence[str] | None = None, compute_dtype: str = "float32",
+                  tensors: str = "fake") -> Profile:
     """Profile `model(*example_inputs)` (the scalar loss) on fake tensors, layer by layer.
 
-    The model may live on the meta device; neither it nor the inputs are changed."""
+    The model may live on the meta device; neither it nor the inputs are changed. `tensors`
+    "real": on real copies, for a model whose code reads values ([Note: a trace on real tensors])."""
     if compute_dtype not in DTYPES:
         raise UsageError(f"unknown compute dtype {compute_dtype!r}: accepted {', '.join(DTYPES)}")
     inputs = tuple(example_inputs)
@@ -320,7 +384,8 @@ def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
         stacks = find_stacks(model, names)
         traced = [n for n in names if not untraced(n, stacks)]
         with Truncated(model, stacks):
-            tracer = _run(model, inputs, traced, {n: children[n] for n in traced}, DTYPES[compute_dtype])
+            tracer = _run(model, inputs, traced, {n: children[n] for n in traced}, DTYPES[compute_dtype],
+                          real=tensors == "real")
         last.update(tracer=tracer, children=children, stacks=stacks)
         return tracer.escapes
 

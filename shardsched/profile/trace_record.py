@@ -14,6 +14,7 @@ import torch.utils.flop_counter as fc
 from torch.overrides import TorchFunctionMode
 
 from shardsched.profile import layers as L
+from shardsched.profile.escapes import given_twice
 from shardsched.profile.attention_flops import CAUSAL_SDPA_FORMULAS
 from shardsched.profile.held import HeldOutputs, OutputStatus
 from shardsched.core import sac_policy as sac
@@ -121,6 +122,7 @@ class Tracer:
         self.stats = Stats()
         self.saved_keys: set = set()  # storages saved for backward so far (and persistent ones): `_run`
         self.persistent_keys: set = set()  # parameters, buffers, the model's inputs: `_run`
+        self.escapes = None  # `Escapes`, set by the trace: it also hears of aliased layers
         self.handles = []
         for name in [*layers, *self.parent]:
             self._attach(model.get_submodule(name), name)
@@ -152,6 +154,8 @@ class Tracer:
             grads = [t for t in L.tensors_in((args, kwargs)) if t.requires_grad]
             if len({id(t) for t in grads}) < len(grads):
                 self.stats.aliased.add(name)
+            if name in self.layer_set and self.escapes is not None and given_twice(args, kwargs):
+                self.escapes.aliased.add(name)
             self.stats.calls[name] += 1
             if name in self.layer_set:
                 if not self.sequence or self.sequence[-1] != name:

@@ -40,6 +40,7 @@ from shardsched.runtime.parallelize import parallelize
 from shardsched.verify.chunks import chunks_on_demand
 from shardsched.verify.fake import fake_copy, fake_inputs
 from shardsched.verify.optimizer import LocalShardOptimizer
+from shardsched.verify.values import own_values
 
 STEPS = 1
 """Training steps run under the tracker, after the optimizer's state is made without one.
@@ -114,13 +115,16 @@ def _gradient_seen(model: nn.Module) -> set[int]:
     return got
 
 
-def _run(model: nn.Module, inputs: tuple, plan: Plan) -> tuple:
-    """(TrackedPeak, engine, unused parameter names) of one step of `plan` on `model`."""
+def _run(model: nn.Module, inputs: tuple, plan: Plan, *, real: bool = False) -> tuple:
+    """(TrackedPeak, engine, unused parameter names) of one step of `plan` on `model`; `real`:
+    its tensors are real ([Note: real values on the fake process group] in verify/values.py)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     with unset_fake_temporarily():  # a mesh holds a real tensor of ranks
         mesh = init_device_mesh("cpu", (plan.world,))
     ddp = runs_on_ddp(plan)
+    if real:
+        own_values(model)
     if ddp:
         from shardsched.runtime.parallelize import check_plan
         check_plan(model, plan, plan.world)
@@ -152,7 +156,7 @@ def verify_plan(model: nn.Module, inputs: tuple, plan: Plan, *, tensors: str = "
         if tensors == "fake":
             model, inputs = fake_copy(model, mode), fake_inputs(inputs, mode)
         with mode, (FakeRules() if tensors == "fake" else contextlib.nullcontext()):
-            peak, engine, unused = _run(model, inputs, plan)
+            peak, engine, unused = _run(model, inputs, plan, real=tensors == "real")
     return Verified(peak_bytes=peak.by_kind["Total"], peak_at=peak.at, engine=engine, tensors=tensors,
                     memory={k: v for k, v in peak.by_kind.items() if k != "Total" and v},
                     unused_params=tuple(unused))

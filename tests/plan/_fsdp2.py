@@ -12,6 +12,7 @@ from torch.testing._internal.distributed.fake_pg import FakeStore
 from shardsched.core.types import GradSync
 from shardsched.runtime.memtrack import tracked_peak_bytes
 from shardsched.runtime.parallelize import parallelize
+from shardsched.verify.values import own_values
 
 
 def _no_op_allreduce(_, bucket):
@@ -41,6 +42,7 @@ def measured_peak(model: torch.nn.Module, inputs: tuple, plan, *, steps: int = 2
     world, k = plan.world, accumulation
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     try:
+        own_values(model)  # [Note: real values on the fake process group]: a model that reads values
         parallelize_on_fake_pg(model, plan, world)
         opt = (torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True) if plan.optimizer.value == "adam"
                else torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, foreach=True))

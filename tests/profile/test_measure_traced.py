@@ -13,7 +13,7 @@ from shardsched.core.types import Checkpoint
 from shardsched.cost.device import DEVICES, Cluster
 from shardsched.models.spec import build_gpt, parse_model_spec
 from shardsched.profile.calibrate import machine_preset
-from shardsched.profile.measure import stable
+from shardsched.profile.measure import measure_profile, stable
 from shardsched.profile.resolve import measured
 from shardsched.profile.trace import trace_profile
 from shardsched.solve.build import make_plan
@@ -111,7 +111,9 @@ def test_auto_offers_selective_on_a_measured_profile(gpt_pair):
         assert plan.predicted.peak_bytes <= budget
 
 
-def test_a_model_the_trace_refuses_keeps_its_measured_bytes(tmp_path, monkeypatch):
+def test_a_model_fake_tensors_cannot_run_is_traced_on_real_tensors(tmp_path, monkeypatch):
+    """[Note: a trace on real tensors]: the trace runs on real copies, so the selective fields
+    are known and the bytes are the hooks' own."""
     class Gated(nn.Module):  # masked_select: an output shape only real data decides
         def __init__(self):
             super().__init__()
@@ -123,7 +125,9 @@ def test_a_model_the_trace_refuses_keeps_its_measured_bytes(tmp_path, monkeypatc
 
     monkeypatch.setenv("SHARDSCHED_CACHE", str(tmp_path))
     torch.manual_seed(0)
-    got = measured(Gated(), (torch.randn(2, 4),), name="g", repeats=1, compute_dtype="float32")
-    assert got.extra["memory"].startswith("bytes measured, not traced (") and "op aten." in got.extra["memory"]
-    assert [l.selective_saved_bytes for l in got.layers] == [None, None]
-    assert got.layers[0].activation_bytes > 0
+    model, inputs = Gated(), (torch.randn(2, 4),)
+    got = measured(model, inputs, name="g", repeats=1, compute_dtype="float32")
+    assert got.extra["memory"] == "traced"
+    assert all(l.selective_saved_bytes is not None for l in got.layers)
+    hooks = measure_profile(model, inputs, name="g", repeats=1, warmup=0)
+    assert [l.activation_bytes for l in got.layers] == [l.activation_bytes for l in hooks.layers] != [0, 0]

@@ -1,5 +1,7 @@
 """Traced profiles (fake tensors): equal to the analytic GPT profile, deterministic, and the
 repeated-block shortcut equal to a full trace."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -115,3 +117,21 @@ def test_a_trace_does_not_depend_on_when_the_garbage_collector_runs():
     assert on == off
     blocks = [layer for layer in on.layers if layer.name.startswith("transformer.h.")]
     assert blocks[0].workspace_bytes == blocks[1].workspace_bytes  # two equal blocks, one window
+
+
+@pytest.mark.parametrize("build", ["build_vit", "build_unet_mse", "build_self_ckpt"])
+def test_a_trace_on_real_tensors_records_what_the_fake_one_does(build):
+    """[Note: a trace on real tensors]: the fallback for models that read values runs the same
+    hooks and counts on real copies; on a model both can run, every byte field is the same."""
+    from tests.verify import user_models as um
+    model, inputs = getattr(um, build)()
+    fake = trace.trace_profile(model, inputs, name="m", device=DEVICES["cpu"])
+    real = trace.trace_profile(model, inputs, name="m", device=DEVICES["cpu"], tensors="real")
+    assert [l.name for l in fake.layers] == [l.name for l in real.layers]
+    for f, r in zip(fake.layers, real.layers):
+        for field in dataclasses.fields(f):
+            if "seconds" not in field.name:
+                a, b = getattr(f, field.name), getattr(r, field.name)
+                if field.name == "selective_all":  # (saved, outside input, forward bytes, seconds)
+                    a, b = a[:3], b[:3]
+                assert a == b, (f.name, field.name, a, b)

@@ -338,11 +338,13 @@ class SelfCheckpointed(nn.Module):
         return x + torch.utils.checkpoint.checkpoint(self.mlp, self.ln2(x), use_reentrant=self.reentrant)
 
 
-class SelfCheckpointedLM(nn.Module):
-    def __init__(self, vocab: int = 128, d: int = 64, depth: int = 3, reentrant: bool = False):
+class BlocksLM(nn.Module):
+    """An embedding, a stack of blocks and a head, trained on next-token cross-entropy."""
+
+    def __init__(self, blocks: list[nn.Module], vocab: int, d: int):
         super().__init__()
         self.embed = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList(SelfCheckpointed(d, reentrant) for _ in range(depth))
+        self.blocks = nn.ModuleList(blocks)
         self.head = nn.Linear(d, vocab)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -352,6 +354,96 @@ class SelfCheckpointedLM(nn.Module):
         return F.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
 
 
+class SelfCheckpointedLM(BlocksLM):
+    def __init__(self, vocab: int = 128, d: int = 64, depth: int = 3, reentrant: bool = False):
+        super().__init__([SelfCheckpointed(d, reentrant) for _ in range(depth)], vocab, d)
+
+
 def build_self_ckpt(micro_batch: int = 4, seq: int = 32, reentrant: bool = False):
     idx = torch.randint(0, 128, (micro_batch, seq + 1), generator=_gen(5))
     return SelfCheckpointedLM(reentrant=reentrant), (idx[:, :-1].contiguous(), idx[:, 1:].contiguous())
+
+
+class TopTwoMoE(nn.Module):
+    """A top-2 mixture of experts as Mixtral's eager code runs it: each expert takes the tokens
+    routed to it (`torch.where` on a mask the router computes: data-dependent) and scatters its
+    output back with `index_add_`."""
+
+    def __init__(self, d: int, experts: int = 4):
+        super().__init__()
+        self.router = nn.Linear(d, experts, bias=False)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+                                     for _ in range(experts))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = x.reshape(-1, d)
+        weights, chosen = torch.topk(self.router(h).softmax(-1), 2, dim=-1)  # (tokens, 2)
+        out = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            rows, slot = torch.where(chosen == e)
+            y = expert(h[rows]) * weights[rows, slot, None]
+            out = out.index_add(0, rows, y)
+        return x + out.reshape(b, t, d)
+
+
+class MoEBlock(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = nn.MultiheadAttention(d, 4, batch_first=True)
+        self.moe = TopTwoMoE(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, need_weights=False)[0]
+        return self.moe(self.ln2(x))
+
+
+class MoELM(BlocksLM):
+    def __init__(self, vocab: int = 256, d: int = 64, depth: int = 3):
+        super().__init__([MoEBlock(d) for _ in range(depth)], vocab, d)
+
+
+def build_moe(micro_batch: int = 4, seq: int = 32):
+    torch.manual_seed(0)
+    idx = torch.randint(0, 256, (micro_batch, seq + 1), generator=_gen(6))
+    return MoELM(), (idx[:, :-1].contiguous(), idx[:, 1:].contiguous())
+
+
+class ScoreGated(nn.Module):
+    """Tokens whose learned score is positive go through the MLP. `masked=True`: only those
+    tokens are computed (`h[keep]`, `out[keep] = ...`: data-dependent); else every token, gated."""
+
+    def __init__(self, d: int, masked: bool):
+        super().__init__()
+        self.masked = masked
+        self.norm, self.score = nn.LayerNorm(d), nn.Linear(d, 1)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.ReLU(), nn.Linear(4 * d, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        keep = self.score(h).squeeze(-1) > 0  # the score's branch dies here: it saved h for nothing
+        if not self.masked:
+            return x + self.mlp(h) * keep.unsqueeze(-1)
+        out = x.clone()
+        out[keep] = out[keep] + self.mlp(h[keep])  # h itself is saved by nothing else
+        return out
+
+
+class ScoreGatedLM(BlocksLM):
+    def __init__(self, masked: bool, vocab: int = 300, d: int = 48, depth: int = 4):
+        super().__init__([ScoreGated(d, masked) for _ in range(depth)], vocab, d)
+        self.masked = masked
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = super().forward(idx, targets)
+        if self.masked:
+            loss = loss * int((targets >= 0).sum().item()) / targets.numel()  # a value read on the host
+        return loss
+
+
+def build_score_gated(micro_batch: int = 4, seq: int = 40, masked: bool = True):
+    torch.manual_seed(1)
+    idx = torch.randint(0, 300, (micro_batch, seq + 1), generator=_gen(7))
+    return ScoreGatedLM(masked), (idx[:, :-1].contiguous(), idx[:, 1:].contiguous())
