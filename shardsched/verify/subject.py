@@ -127,7 +127,10 @@ def _verify_here(subject: Subject, plan: Plan) -> Verified:
             raise Unverifiable(f"its code reads tensor values (data-dependent ops) and its {params:,} "
                                f"parameters are too large to run for real on this machine")
         model, inputs = subject.build(micro_batch=plan.micro_batch, seq=plan.seq or None, real=True)
-    return verify_plan(copy.deepcopy(model), inputs, plan, tensors="real")
+    try:
+        return verify_plan(copy.deepcopy(model), inputs, plan, tensors="real")
+    except Exception as e:  # noqa: BLE001 - the step fails on real tensors too: refused in one line
+        raise PlanFails.of(e, plan, tensors="real") from None
 
 
 class Unverifiable(Exception):
@@ -139,9 +142,9 @@ class PlanFails(UsageError):
     fails at its first step): refused in one line, the engine's own words in it."""
 
     @classmethod
-    def of(cls, e: Exception, plan: Plan) -> "PlanFails":
+    def of(cls, e: Exception, plan: Plan, *, tensors: str = "fake") -> "PlanFails":
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return cls(f"the plan fails at its first step under the engine (one step on fake tensors at world "
+        return cls(f"the plan fails at its first step under the engine (one step on {tensors} tensors at world "
                    f"{plan.world}: {type(e).__name__}: {msg[:240]}); accepted: a model whose forward and backward "
                    f"run under FSDP2's fully_shard (or DDP for --strategy replicate), or --no-verify to write "
                    f"the plan without running it")

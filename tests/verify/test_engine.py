@@ -194,3 +194,16 @@ def test_a_branch_that_dies_in_forward_saves_nothing(masked):
         real = measured_peak(copy.deepcopy(model), inputs, plan)
         # full_shard: +5.8% (gated) and +11.5% (masked) before; +0.05% and +0.12% now
         assert abs(plan.predicted.peak_bytes / real - 1) < 0.005, (strategy, plan.predicted.peak_bytes, real)
+
+
+def test_a_plan_whose_step_fails_on_real_tensors_is_refused_in_one_line():
+    """An MoE renormalising its top-2 weights in place (Mixtral's router) under `+sac`: torch's
+    selective checkpointing keeps topk's output and refuses it mutated. The model reads values, so
+    it is verified on real tensors, whose error ended `plan` in a traceback; refused in one line."""
+    from shardsched.verify.subject import PlanFails
+    model, inputs = um.build_moe(in_place=True)
+    with pytest.raises(PlanFails) as refused:
+        plan_model(model, inputs, world=4, strategy="full_shard+sac")
+    assert "on real tensors" in str(refused.value) and "mutated" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert plan_model(model, inputs, world=4, strategy="full_shard").verified.tensors == "real"

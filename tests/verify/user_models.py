@@ -369,8 +369,9 @@ class TopTwoMoE(nn.Module):
     routed to it (`torch.where` on a mask the router computes: data-dependent) and scatters its
     output back with `index_add_`."""
 
-    def __init__(self, d: int, experts: int = 4):
+    def __init__(self, d: int, experts: int = 4, in_place: bool = False):
         super().__init__()
+        self.in_place = in_place  # renormalise the top-2 weights in place, as Mixtral's router does
         self.router = nn.Linear(d, experts, bias=False)
         self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
                                      for _ in range(experts))
@@ -379,6 +380,8 @@ class TopTwoMoE(nn.Module):
         b, t, d = x.shape
         h = x.reshape(-1, d)
         weights, chosen = torch.topk(self.router(h).softmax(-1), 2, dim=-1)  # (tokens, 2)
+        if self.in_place:
+            weights /= weights.sum(-1, keepdim=True)
         out = torch.zeros_like(h)
         for e, expert in enumerate(self.experts):
             rows, slot = torch.where(chosen == e)
@@ -388,11 +391,11 @@ class TopTwoMoE(nn.Module):
 
 
 class MoEBlock(nn.Module):
-    def __init__(self, d: int):
+    def __init__(self, d: int, in_place: bool = False):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
         self.attn = nn.MultiheadAttention(d, 4, batch_first=True)
-        self.moe = TopTwoMoE(d)
+        self.moe = TopTwoMoE(d, in_place=in_place)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.ln1(x)
@@ -401,14 +404,14 @@ class MoEBlock(nn.Module):
 
 
 class MoELM(BlocksLM):
-    def __init__(self, vocab: int = 256, d: int = 64, depth: int = 3):
-        super().__init__([MoEBlock(d) for _ in range(depth)], vocab, d)
+    def __init__(self, vocab: int = 256, d: int = 64, depth: int = 3, in_place: bool = False):
+        super().__init__([MoEBlock(d, in_place) for _ in range(depth)], vocab, d)
 
 
-def build_moe(micro_batch: int = 4, seq: int = 32):
+def build_moe(micro_batch: int = 4, seq: int = 32, in_place: bool = False):
     torch.manual_seed(0)
     idx = torch.randint(0, 256, (micro_batch, seq + 1), generator=_gen(6))
-    return MoELM(), (idx[:, :-1].contiguous(), idx[:, 1:].contiguous())
+    return MoELM(in_place=in_place), (idx[:, :-1].contiguous(), idx[:, 1:].contiguous())
 
 
 class ScoreGated(nn.Module):
