@@ -6,8 +6,8 @@ AllGather output and the other ranks' slots keep whatever the allocator left the
 run has no values, so nothing reads them; a model verified on real tensors because its own code
 reads values (an MoE's router, a mask it computes: [Note: models that cannot run on fake tensors]
 in verify/subject.py) then routed tokens by weights three quarters garbage at world 4, and its
-verified peak described another batch than the plan's (a masked-MLP LM: 6.6% below the trace of
-the same inputs). So every module's gathered parameters get the model's values before its
+verified peak described another batch than the plan's (a masked-MLP LM's moved 0.5% when its
+weights were its own). So every module's gathered parameters get the model's values before its
 forward (`own_values`), as every rank's true shard would give them: in place through `.data`,
 which allocates nothing and leaves autograd's version counter alone (a layer called twice saves
 its weight at the first call). Each step's forward sees the model's first values, as the trace did.
