@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import weakref
 from collections import defaultdict
 
 import torch
 import torch.nn as nn
 import torch.utils.flop_counter as fc
 from torch.overrides import TorchFunctionMode
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from shardsched.profile import layers as L
 from shardsched.profile.escapes import given_twice
@@ -101,6 +101,7 @@ class SacStats:
         self.flops = defaultdict(lambda: defaultdict(float))  # forward FLOPs it recomputes
         self.moved: dict[str, int] = defaultdict(int)  # forward bytes moved by ops it recomputes
         self.seen: dict = {}  # storages counted in `saved` -> the keys that counted them
+        self.alive: list = []  # `StorageWeakRef`s: each key in `seen` names one storage (`_sac_saved`)
         self.outside: dict[str, int] = defaultdict(int)  # `LayerProfile.selective_outside_input_bytes`
         self.read_outside: set = set()  # storages counted there
         self.forward: dict[str, int] = defaultdict(int)  # forward windows keeping what it stores
@@ -299,9 +300,13 @@ class FlopCounter(fc.FlopCounterMode):
         """The outputs selective checkpointing stores (all of a saved op's), each storage once."""
         fresh = list({storage_key(t): t for t in outs if storage_key(t) not in sc.seen}.values())
         sc.seen.update((storage_key(t), keys) for t in fresh)
-        for t in fresh:  # forget a storage when it dies (its key may be reused); keeping it alive
-            # instead would hold bytes the live-bytes windows then count ([Note: exit windows])
-            weakref.finalize(t.untyped_storage(), sc.seen.pop, storage_key(t), None)
+        # A weak reference to each storage's C++ object: its bytes are freed when it dies (a
+        # strong one would hold bytes the windows then count, [Note: exit windows]), but not
+        # its address, so no later storage takes its key while the trace runs. Keys outlived
+        # their storages in `read_outside` (and in `seen` while a finalizer was pending): in one
+        # CI run a U-Net head's output, allocated where the upsampled tensor its model's code
+        # had read once lay, counted 0 selective outside input bytes, not 48 KiB.
+        sc.alive += [StorageWeakRef(t.untyped_storage()) for t in fresh]
         for k in keys:
             sc.saved[k] += storage_bytes(fresh)
 
