@@ -49,8 +49,8 @@ from shardsched.core import sac_policy as sac
 from shardsched.profile.trace_fake import (fake_copy_inputs, fake_parameters, fake_state, hf_one_sequence_per_row,
                                           loss_of, module_params, quiet_fake_tensor_log, real_copy_inputs, real_masks,
                                           real_state, restored, seeded, untied)
-from shardsched.profile.trace_record import (FlopCounter, SacStats, Stats, Tagger, Tracer, loss_bytes, storage_bytes,
-                                             storage_key)
+from shardsched.profile.trace_record import (FlopCounter, SacStats, Stats, Tagger, Tracer, loss_bytes,
+                                             pinned_storage_keys, storage_bytes, storage_key)
 from shardsched.profile.trace_stacks import Truncated, expand, find_stacks, fold, untraced
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -72,6 +72,7 @@ class Untraceable(UsageError):
 # (`LayerProfile.outside_kept_bytes`, read by `plan.units.kept_when_checkpointed`). A U-Net
 # checkpointed everywhere ran 9.6% above its prediction without it (its encoders' outputs).
 
+@pinned_storage_keys()  # [Note: storage keys] in trace_record.py
 def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtype: torch.dtype,
          real: bool = False) -> Tracer:
     """One traced step; `real`: on real copies of the model ([Note: a trace on real tensors])."""

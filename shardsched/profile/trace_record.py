@@ -4,6 +4,7 @@ autograd nodes and dispatched ops."""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 from collections import defaultdict
 
@@ -101,7 +102,6 @@ class SacStats:
         self.flops = defaultdict(lambda: defaultdict(float))  # forward FLOPs it recomputes
         self.moved: dict[str, int] = defaultdict(int)  # forward bytes moved by ops it recomputes
         self.seen: dict = {}  # storages counted in `saved` -> the keys that counted them
-        self.alive: list = []  # `StorageWeakRef`s: each key in `seen` names one storage (`_sac_saved`)
         self.outside: dict[str, int] = defaultdict(int)  # `LayerProfile.selective_outside_input_bytes`
         self.read_outside: set = set()  # storages counted there
         self.forward: dict[str, int] = defaultdict(int)  # forward windows keeping what it stores
@@ -300,19 +300,40 @@ class FlopCounter(fc.FlopCounterMode):
         """The outputs selective checkpointing stores (all of a saved op's), each storage once."""
         fresh = list({storage_key(t): t for t in outs if storage_key(t) not in sc.seen}.values())
         sc.seen.update((storage_key(t), keys) for t in fresh)
-        # A weak reference to each storage's C++ object: its bytes are freed when it dies (a
-        # strong one would hold bytes the windows then count, [Note: exit windows]), but not
-        # its address, so no later storage takes its key while the trace runs. Keys outlived
-        # their storages in `read_outside` (and in `seen` while a finalizer was pending): in one
-        # CI run a U-Net head's output, allocated where the upsampled tensor its model's code
-        # had read once lay, counted 0 selective outside input bytes, not 48 KiB.
-        sc.alive += [StorageWeakRef(t.untyped_storage()) for t in fresh]
         for k in keys:
             sc.saved[k] += storage_bytes(fresh)
 
 
+# [Note: storage keys]
+# The trace names a storage by its StorageImpl's address (`_cdata`: a fake tensor has no data
+# pointer, a view shares its base's storage). The allocator gives a dead storage's address to
+# the next one, so a key kept in a set or a dict (an input seen, a saved output that outside code
+# read) came to name a later storage, and a profile depended on the allocator's history: in one
+# CI run a U-Net head's output, allocated where the upsampled tensor the model's code had read
+# once lay, counted 0 selective outside input bytes, not 48 KiB. While a trace runs
+# (`pinned_storage_keys`), each key handed out holds a weak reference to its StorageImpl: the
+# bytes are freed when the storage dies (a strong reference would hold bytes the windows then
+# count, [Note: exit windows]), the address stays taken until the trace ends.
+_PINNED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("shardsched_pinned_keys", default=None)
+
+
+@contextlib.contextmanager
+def pinned_storage_keys():
+    """No storage takes a dead one's key inside this block ([Note: storage keys])."""
+    token = _PINNED.set({})
+    try:
+        yield
+    finally:
+        _PINNED.reset(token)
+
+
 def storage_key(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata
+    st = t.untyped_storage()
+    k = st._cdata
+    pinned = _PINNED.get()
+    if pinned is not None and k not in pinned:
+        pinned[k] = StorageWeakRef(st)
+    return k
 
 
 def loss_bytes(loss: torch.Tensor) -> int:

@@ -135,3 +135,21 @@ def test_a_trace_on_real_tensors_records_what_the_fake_one_does(build):
                 if field.name == "selective_all":  # (saved, outside input, forward bytes, seconds)
                     a, b = a[:3], b[:3]
                 assert a == b, (f.name, field.name, a, b)
+
+
+def test_no_storage_takes_a_dead_ones_key_while_a_trace_runs():
+    """[Note: storage keys]: the allocator gives a dead storage's address to the next one (here
+    within 50 fake allocations); inside `pinned_storage_keys` every key names one storage."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from shardsched.profile.trace_record import pinned_storage_keys, storage_key
+
+    def keys():
+        first = torch.empty(64)
+        k = storage_key(first)
+        del first
+        return [k, *(storage_key(torch.empty(64)) for _ in range(50))]
+    with FakeTensorMode():
+        assert len(set(keys())) < 51  # unpinned: addresses come back
+        with pinned_storage_keys():
+            assert len(set(keys())) == 51
