@@ -50,8 +50,8 @@ def plan_model(model: "nn.Module", example_inputs: Sequence[Any], *, world: int,
     auto = parse_strategy_spec(strategy).auto
     planned = usable.usable if budget or auto else None  # as `plan` does
 
-    def replan(b: int | None) -> "Plan":
-        plan = stated(make_plan(profile, cluster, strategy=strategy, precision=precision,
+    def replan(b: int | None, *, selective: bool = True) -> "Plan":  # [Note: a plan the engine cannot run]
+        plan = stated(make_plan(profile if selective else profile.without_selective(), cluster, strategy=strategy, precision=precision,
                                 memory_budget_bytes=b, time_limit=time_limit), usable)
         return dataclasses.replace(plan, notes=plan.notes + tuple(profile.extra.get("notes", ())))
     from shardsched.verify.loop import checked_plan

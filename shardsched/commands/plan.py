@@ -157,13 +157,15 @@ def run_plan(args: argparse.Namespace) -> int:
         auto = parse_strategy_spec(strategy).auto
         planned = budget.usable if given is not None or auto else None
 
-        def replan(b: int | None) -> Plan:
+        def replan(b: int | None, *, selective: bool = True) -> Plan:
+            # selective=False: [Note: a plan the engine cannot run] in verify/loop.py
+            space = profile if selective else profile.without_selective()
             if auto and getattr(args, "monotone", False):  # [Note: the budget ladder] in solve/ladder.py
                 from shardsched.core.types import Optimizer
                 from shardsched.solve.ladder import ladder_plan
-                return stated(ladder_plan(profile, cluster, spec=parse_strategy_spec(strategy), precision=precision,
+                return stated(ladder_plan(space, cluster, spec=parse_strategy_spec(strategy), precision=precision,
                                           optimizer=Optimizer(args.optimizer), memory_budget_bytes=b), budget)
-            return stated(make_plan(profile, cluster, strategy=strategy, precision=precision, optimizer=args.optimizer,
+            return stated(make_plan(space, cluster, strategy=strategy, precision=precision, optimizer=args.optimizer,
                                     memory_budget_bytes=b, fuse=not args.no_fuse,
                                     time_limit=args.time_limit or math.inf), budget)
         plan, usable, replan = replan(planned), planned, (replan if auto else None)

@@ -111,8 +111,8 @@ def verified_points(points, spec, built, layers: str | None, *, cluster, kw: dic
         return build_model(spec, micro_batch=micro_batch, seq=seq, measure=real, layers=layers)
     verify = verifier(Subject(built.model, built.inputs, build))
 
-    def replan(b: int):
-        return make_plan(built.profile, cluster, strategy="auto", memory_budget_bytes=b, **kw)
+    def replan(b: int, *, selective: bool = True):  # [Note: a plan the engine cannot run] in verify/loop.py
+        return make_plan(built.profile if selective else built.profile.without_selective(), cluster, strategy="auto", memory_budget_bytes=b, **kw)
     out, best = [], None
     for p in points:
         auto = p.auto

@@ -8,6 +8,7 @@ layer owns, tied sets spanning layers).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 
@@ -200,6 +201,12 @@ class Profile:
     @property
     def params(self) -> int:
         return sum(layer.params for layer in self.layers)
+
+    def without_selective(self) -> "Profile":
+        """This profile with what selective checkpointing keeps unknown: `auto` then offers no
+        `+sac` ([Note: a plan the engine cannot run] in verify/loop.py)."""
+        return dataclasses.replace(self, layers=tuple(dataclasses.replace(layer, selective_saved_bytes=None)
+                                                      for layer in self.layers))
 
     def to_json(self) -> str:
         return json.dumps(to_dict(self), indent=1)

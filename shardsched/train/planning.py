@@ -119,8 +119,8 @@ def make_local_plan(cfg: TrainConfig, built: Built, *, world: int, profile: Prof
         plan = stated(batch_plan(cfg, built, world=world, cluster=cluster, strategy=strategy, budget=planned,
                                  profile=profile), budget)
     else:
-        def replan(b: int | None) -> Plan:
-            return stated(make_plan(profile, cluster, strategy=strategy, precision=precision,
+        def replan(b: int | None, *, selective: bool = True) -> Plan:  # [Note: a plan the engine cannot run]
+            return stated(make_plan(profile if selective else profile.without_selective(), cluster, strategy=strategy, precision=precision,
                                     optimizer="adam", memory_budget_bytes=b, accumulation=acc), budget)
         plan, replan = replan(planned), (replan if parse_strategy_spec(strategy).auto else None)
     plan = verified(cfg, plan, built, profile, replan=replan, usable=planned)

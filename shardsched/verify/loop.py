@@ -13,6 +13,14 @@ is the fastest plan whose *verified* peak fits U, or one line saying that nothin
 could verify fits. Plans of a named strategy are not planned again: their verified peak is
 stated beside the prediction, with a warning when it is over the budget.
 
+[Note: a plan the engine cannot run]
+A step can fail under the engine where the model and a mechanism disagree: torch's selective
+checkpointing refuses an in-place op on an output its policy saved (Mixtral's router divides
+topk's weights in place), and verification says so (`verify.subject.PlanFails`). A named
+strategy is refused in one line. An auto plan that checkpoints selectively is planned again
+with `+sac` out of the space (`Profile.without_selective`), and so are the loop's later rounds;
+its note says why. Only a failure of that plan too is refused.
+
 [Note: what the CPU verifies of a GPU plan]
 Verification runs CPU kernels (fake tensors dispatch as CPU kernels do). A traced profile
 (`hf:`, `python:`) is taken on the same kernels, so prediction and verification describe one
@@ -25,6 +33,7 @@ from __future__ import annotations
 from typing import Callable
 
 import dataclasses
+import functools
 
 from shardsched._fmt import fmt_bytes
 from shardsched.core.types import Plan, Verified
@@ -51,9 +60,10 @@ def closed_loop(plan: Plan, *, verify: Callable[[Plan], Verified], replan: Calla
                 usable: int | None, analytic: bool) -> Plan:
     """See [Note: the closed loop]. `replan(budget)` makes the plan again at another planning
     budget (None: a named strategy); `usable` is the budget the answer must fit (None: none given)."""
-    checked = [(attach(plan, verify(plan)), usable)]
+    first, replan, note = _first_run(plan, verify=verify, replan=replan, usable=usable)
+    checked = [(first, usable)]
     if replan is None or usable is None or not comparable(plan, analytic):
-        return checked[0][0]
+        return _noted(first, note)
     for _ in range(ROUNDS - 1):
         last, budget = checked[-1]
         peak = last.verified.peak_bytes
@@ -69,7 +79,31 @@ def closed_loop(plan: Plan, *, verify: Callable[[Plan], Verified], replan: Calla
         except UsageError:  # nothing fits the smaller planning budget
             break
         checked.append((attach(again, verify(again)), nxt))
-    return _answer(checked, usable)
+    return _noted(_answer(checked, usable), note)
+
+
+def _first_run(plan: Plan, *, verify, replan, usable: int | None) -> tuple[Plan, Callable | None, str | None]:
+    """`plan` verified, the `replan` later rounds use and a note; an auto plan that checkpoints
+    selectively and fails under the engine is planned again without `+sac` ([Note: a plan the
+    engine cannot run])."""
+    from shardsched.verify.subject import PlanFails
+    try:
+        return attach(plan, verify(plan)), replan, None
+    except PlanFails as failed:
+        if replan is None or not any(u.checkpoint.selective for u in plan.units):
+            raise
+        replan = functools.partial(replan, selective=False)
+        try:
+            again = replan(usable)
+            return attach(again, verify(again)), replan, (
+                f"planned without selective checkpointing (+sac): the plan that used it failed under the "
+                f"engine ({failed.cause})")
+        except (PlanFails, UsageError):
+            raise failed from None
+
+
+def _noted(plan: Plan, note: str | None) -> Plan:
+    return plan if note is None else dataclasses.replace(plan, notes=plan.notes + (note,))
 
 
 def _answer(checked: list[tuple[Plan, int]], usable: int) -> Plan:

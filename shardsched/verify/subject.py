@@ -141,13 +141,18 @@ class PlanFails(UsageError):
     """One step of the plan fails under the engine (criterion 3 of issue 26: never a plan that
     fails at its first step): refused in one line, the engine's own words in it."""
 
+    cause: str = ""
+    """The engine's error in a few words (`verify.loop` quotes it in a plan's note)."""
+
     @classmethod
     def of(cls, e: Exception, plan: Plan, *, tensors: str = "fake") -> "PlanFails":
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return cls(f"the plan fails at its first step under the engine (one step on {tensors} tensors at world "
-                   f"{plan.world}: {type(e).__name__}: {msg[:240]}); accepted: a model whose forward and backward "
-                   f"run under FSDP2's fully_shard (or DDP for --strategy replicate), or --no-verify to write "
-                   f"the plan without running it")
+        failed = cls(f"the plan fails at its first step under the engine (one step on {tensors} tensors at world "
+                     f"{plan.world}: {type(e).__name__}: {msg[:240]}); accepted: a model whose forward and backward "
+                     f"run under FSDP2's fully_shard (or DDP for --strategy replicate), or --no-verify to write "
+                     f"the plan without running it")
+        failed.cause = f"{type(e).__name__} on {tensors} tensors: {msg[:240]}"
+        return failed
 
 
 class Recipe(dict):

@@ -207,3 +207,22 @@ def test_a_plan_whose_step_fails_on_real_tensors_is_refused_in_one_line():
     assert "on real tensors" in str(refused.value) and "mutated" in str(refused.value)
     assert "\n" not in str(refused.value)
     assert plan_model(model, inputs, world=4, strategy="full_shard").verified.tensors == "real"
+
+
+def test_an_auto_plan_that_fails_with_sac_is_planned_again_without_it():
+    """[Note: a plan the engine cannot run]: the in-place MoE's auto plan at this budget keeps a
+    block `+sac` (its step fails: topk's output mutated); auto plans again without selective
+    checkpointing and returns a plan the engine ran, whose verified peak fits and is predicted."""
+    from shardsched.core.types import Checkpoint
+    from shardsched.verify.subject import PlanFails
+    model, inputs = um.build_moe(micro_batch=16, seq=128, in_place=True)
+    budget = 35_290_781  # between full_shard+ckpt (16.0 MB) and full_shard (43.0 MB)
+    unverified = plan_model(model, inputs, world=4, memory_budget=budget, headroom="0", verify=False)
+    assert any(u.checkpoint is Checkpoint.SELECTIVE for u in unverified.units)
+    with pytest.raises(PlanFails):
+        plan_model(model, inputs, world=4, strategy=unverified.strategy_spec)
+    plan = plan_model(model, inputs, world=4, memory_budget=budget, headroom="0")
+    assert not any(u.checkpoint.selective for u in plan.units)
+    assert any("without selective checkpointing" in n and "mutated" in n for n in plan.notes), plan.notes
+    assert plan.verified.tensors == "real" and plan.verified.peak_bytes <= budget
+    assert abs(plan.predicted.peak_bytes / plan.verified.peak_bytes - 1) < 0.005
