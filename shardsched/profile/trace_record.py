@@ -152,11 +152,10 @@ class Tracer:
                            if storage_key(t) in self.saved_keys and storage_key(t) not in self.persistent_keys
                            and storage_key(t) not in self.stats.saved_inside}
                 self.stats.input_saved_outside[name] = storage_bytes(list(outside.values()))
-            grads = [t for t in L.tensors_in((args, kwargs)) if t.requires_grad]
-            if len({id(t) for t in grads}) < len(grads):
-                self.stats.aliased.add(name)
-            if name in self.layer_set and self.escapes is not None and given_twice(args, kwargs):
-                self.escapes.aliased.add(name)
+            if given_twice(args, kwargs):  # [Note: inputs passed twice]: a child is never a unit,
+                self.stats.aliased.add(name)  # a layer is joined into its caller
+                if name in self.layer_set and self.escapes is not None:
+                    self.escapes.aliased.add(name)
             self.stats.calls[name] += 1
             if name in self.layer_set:
                 if not self.sequence or self.sequence[-1] != name:

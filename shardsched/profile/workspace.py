@@ -78,7 +78,9 @@ from shardsched.profile.layers import in_forward
 # that made the attention module a unit of its own took the three-Linear path there (an auto
 # plan splitting a post-norm layer into its children: 22% under its verified peak): a layer
 # with a child given one tensor at two arguments is never split into its children
-# (`_Stats.aliased`, `trace_profile`).
+# (`Stats.aliased`, `trace_profile`), and a layer so called is joined into its caller
+# (`profile.escapes.join_aliased`). Both read one test, `escapes.given_twice` (one floating
+# tensor, whether or not it needs a gradient: `measure`'s pass runs under no_grad).
 
 
 def _wrap_inputs(args, kwargs, end):
