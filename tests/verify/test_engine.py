@@ -226,3 +226,15 @@ def test_an_auto_plan_that_fails_with_sac_is_planned_again_without_it():
     assert any("without selective checkpointing" in n and "mutated" in n for n in plan.notes), plan.notes
     assert plan.verified.tensors == "real" and plan.verified.peak_bytes <= budget
     assert abs(plan.predicted.peak_bytes / plan.verified.peak_bytes - 1) < 0.005
+
+
+@pytest.mark.parametrize("build", [um.build_lstm, um.build_gru])
+def test_a_checkpointed_rnn_keeps_its_input_beside_what_it_recomputes(build):
+    """`plan.units.unsaved_input`: nn.LSTM and nn.GRU save a time-major copy of their (B, T, d)
+    input, not the input, which checkpointing keeps beside the recomputed kernel's saves: the
+    tied RNN LMs were 1.7% (LSTM) and 2.6% (GRU) under FSDP2 on real tensors without it."""
+    model, inputs = build()
+    plan = plan_model(model, inputs, world=4, strategy="full_shard+ckpt")
+    real = measured_peak(copy.deepcopy(model), inputs, plan)
+    assert plan.verified.peak_at == "backward of rnn"
+    assert abs(plan.predicted.peak_bytes / real - 1) < 0.001, (plan.predicted.peak_bytes, real)
