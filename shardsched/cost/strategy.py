@@ -29,6 +29,14 @@ NODE_AWARE = (Strategy.FULL_SHARD_NODE, Strategy.HYBRID_SHARD, Strategy.HYBRID_S
 HYBRID = (Strategy.HYBRID_SHARD, Strategy.HYBRID_SHARD_GRAD_OP)
 
 
+def all_reduces(strategy: Strategy) -> bool:
+    """Whether FSDP2 all-reduces the gradient across replicas after reducing it (replicate:
+    a shard group of one on a (world, 1) mesh; hybrid_*): it keeps that buffer across layers
+    (`FSDPParamGroup._all_reduce_state`), so reduced gradients added into held ones still hold
+    it (`sim.scenario.Scenario.accumulates_sharded`)."""
+    return strategy is Strategy.REPLICATE or strategy in HYBRID
+
+
 def strategies_for(cluster: Cluster) -> tuple[Strategy, ...]:
     """The strategies worth offering on this cluster (see the note above)."""
     if cluster.nodes > 1 and cluster.local > 1:

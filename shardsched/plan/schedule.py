@@ -15,7 +15,8 @@ from shardsched.cost.strategy import shard_count
 from shardsched.core.types import Plan, Unit
 from shardsched.plan.units import partition, unit_cost
 from shardsched.profile.types import Profile
-from shardsched.sim.scenario import Scenario, UnitCost
+from shardsched.sim.scenario import Scenario
+from shardsched.sim.unit_cost import UnitCost
 
 # Foreach Adam/SGD materialise about this many parameter-sized temporaries
 # (measured with FSDPMemTracker on CPU, tests/plan/test_memory_vs_fsdp2.py).

@@ -45,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from shardsched.cost.strategy import held_after_forward, shard_count
+from shardsched.cost.strategy import all_reduces, held_after_forward, shard_count
 from shardsched.core.types import GradSync, MemoryBreakdown, Strategy
 from shardsched.sim.scenario import Scenario
 
@@ -63,8 +63,10 @@ def extra_gather(unit, strategy: Strategy) -> int:
     unit's previous AllGather output is still held. Measured with FSDPMemTracker (GPT 1
     unit of 4 modules; BERT, Qwen2, GPT-2, T5 behind a root unit; BERT with
     full_shard_node and hybrid_shard): two AllGather outputs of the unit, with the
-    activations of its earlier modules (`lead_activation_bytes`)."""
-    return 1 if strategy.gathers_for_backward and len(unit.layers) > 1 else 0
+    activations of its earlier modules (`lead_activation_bytes`). So does a unit of one layer
+    called more than once, at its later calls ([Note: a repeated layer's later forward calls]
+    in plan/units.py)."""
+    return 1 if strategy.gathers_for_backward and (len(unit.layers) > 1 or unit.repeats) else 0
 
 
 # [Note: the held AllGather output]
@@ -191,7 +193,7 @@ def accumulation_bytes(sc: Scenario, live: "_Live", s: int) -> int:
     if live.ddp:  # under `no_sync` autograd accumulates in `.grad`, beside the bucket
         return trainable * sc.state.unsharded_grad if sc.grad_sync is GradSync.LAST else 0
     if sc.grad_sync is GradSync.EVERY:
-        return sum(live.tshard) * sc.state.grad - live.sharded_grads(s)
+        return sum(live.tshard) * sc.state.grad - live.sharded_grads(s) + live.all_reduce_held(s)
     return max(0, trainable * sc.state.reduce - live.sharded_grads(s))
 
 
@@ -269,9 +271,12 @@ class _Live:
         return total
 
     def pending_gathers(self, s: int, *, include_launched_here: bool) -> int:
-        """AllGather outputs launched but not yet copied out at step s."""
+        """AllGather outputs launched but not yet copied out at step s (none of a replicate
+        unit: [Note: a shard group of one issues no AllGather] in sim/timeline.py)."""
         sc, total = self.sc, 0
         for i in range(sc.n):
+            if sc.strategies[i] is Strategy.REPLICATE:
+                continue
             for launch, use in ((sc.forward_launch[i], sc.f_step(i)), (sc.backward_launch[i], sc.b_step(i))):
                 if launch is None or use <= s:
                     continue
@@ -286,26 +291,40 @@ class _Live:
             return 0
         return sum(self.tshard[i] for i in range(sc.n) if sc.b_step(i) < s) * sc.state.grad
 
+    def all_reduce_held(self, s: int) -> int:
+        """The reduce outputs of all-reducing units whose backward ended before step s: FSDP2
+        keeps each (`FSDPParamGroup._all_reduce_state`) until the unit's next post-backward or the
+        end of backward. Beside gradients already held (a later micro-batch, reducing every one)
+        they are extra bytes (a CNN alternating full_shard and replicate, accumulating 3: 6.5%
+        under without them); in the first they are the gradients."""
+        sc = self.sc
+        return sum(self.tshard[j] for j in range(sc.n)
+                   if sc.b_step(j) < s and all_reduces(sc.strategies[j])) * sc.state.reduce
+
     def activations(self, upto: int) -> int:
         """Retained activations of units 0..upto."""
         return sum(self.retained[: upto + 1])
 
-    def inner(self, i: int) -> list[tuple[int, int, int, int]]:
-        """(own, ReduceScatter input, sharded gradients, AllGather output) bytes of each moment
-        inside fused unit i's backward after its last layer's end (`UnitCost.inner_moments`);
-        on DDP the gradients go to the bucket as produced: no reduction input, none sharded,
-        nothing gathered."""
+    def inner(self, i: int) -> list[tuple[int, int, int, int, int]]:
+        """(own, ReduceScatter input, sharded gradients, AllGather output, unsharded parameters
+        freed) bytes of each moment inside fused unit i's backward after its last layer's end
+        (`UnitCost.inner_moments`); on DDP the gradients go to the bucket as produced: no
+        reduction input, none sharded, nothing gathered or freed."""
         sc = self.sc
         moments = sc.units[i].inner_moments(sc.state.unsharded_grad, checkpointed=sc.ckpt(i),
                                             in_place=sc.accumulates_in_place).values()
         if self.ddp:
-            return [(m.own, 0, 0, 0) for m in moments if not m.gathered]
+            return [(m.own, 0, 0, 0, 0) for m in moments if not m.gathered]
         rs, done = sc.reduce_bytes(i), sc.done_bytes(i)
+        if sc.accumulates_sharded and not all_reduces(sc.strategies[i]):  # in the gradients `accumulation_bytes` holds
+            done = [0] * len(done)
+        ag = lambda m: self.agbuf[i] if m.gathered else 0  # noqa: E731
+        freed = lambda m: self.unsharded[i] if m.resharded else 0  # noqa: E731
         if sc.accumulates_in_place:
             held = in_place_reduce_bytes(sc.units[i], rs, self.shard[i] * sc.state.grad, sc.state.reduce)
             last = len(sc.units[i].layers) - 1
-            return [(m.own, in_place_held(*held, m, last), 0, self.agbuf[i] if m.gathered else 0) for m in moments]
-        return [(m.own, rs[m.reducing], done[m.done], self.agbuf[i] if m.gathered else 0) for m in moments]
+            return [(m.own, in_place_held(*held, m, last), 0, ag(m), freed(m)) for m in moments]
+        return [(m.own, rs[m.reducing], done[m.done], ag(m), freed(m)) for m in moments]
 
 
 def step_memory(sc: Scenario) -> list[StepMemory]:
@@ -349,7 +368,7 @@ def _forward_moments(live: _Live, i: int) -> list[MemoryBreakdown]:
         held = live.unsharded_live(s) if live.ddp else live.unsharded_live(s, exclude=i) + live.held[i]
         moments.append(_mb(live, unsharded=held, act=live.activations(i) + after,
                            comm=live.agbuf[i] + live.pending_gathers(s, include_launched_here=True)))
-    if len(sc.units[i].layers) > 1:
+    if len(sc.units[i].layers) > 1 or sc.units[i].repeats:  # (a repeated layer's later call, too)
         # Its last module starts with the others' activations and its input live. Units
         # that reshard after forward gather again there while the unit's first AllGather
         # output is still the held one (the previous unit's was freed at the first
@@ -386,8 +405,8 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
         # a fused nn.TransformerEncoderLayer stack was 3.2% over)
         last = sc.units[i].last_end(sc.state.unsharded_grad, checkpointed=sc.ckpt(i), in_place=sc.accumulates_in_place)
         moments.append(_mb(live, unsharded=unsharded, grads=grads, act=act + last, comm=held_rs + pending))
-        moments += [_mb(live, unsharded=unsharded, grads=grads + done, act=act + own, comm=rs + ag + pending)
-                    for own, rs, done, ag in live.inner(i)]
+        moments += [_mb(live, unsharded=unsharded - freed, grads=grads + done, act=act + own, comm=rs + ag + pending)
+                    for own, rs, done, ag, freed in live.inner(i)]
     outside = sc.units[i].outside_workspace_bytes
     if outside:  # [Note: the loss before the unit's backward]
         held = live.unsharded_live(s) if live.ddp else live.unsharded_live(s, exclude=i) + live.held[i]

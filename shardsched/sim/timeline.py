@@ -21,6 +21,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from shardsched.core.types import Strategy
 from shardsched.cost.comm import Collective
 from shardsched.cost.strategy import gather_seconds, reduce_kind, reduce_seconds, shard_count
 from shardsched.sim.scenario import Scenario
@@ -77,13 +78,24 @@ def collective_time(sc: Scenario, kind: Collective, i: int, *, backward: bool = 
     return reduce_seconds(sc.strategies[i], reduce_bytes(sc, i), sc.cluster)
 
 
+# [Note: a shard group of one issues no AllGather]
+# FSDP2's `FSDPParamGroup.unshard` on a shard group of one (replicate) records an event on the
+# current stream and issues no collective; `wait_for_unshard` copies the shards into the
+# unsharded parameters there (torch 2.13). So a replicate unit never waits for the channel,
+# wherever its "AllGather" is launched, and a launch before its use holds no buffer until that
+# copy-in (FSDPMemTracker: nothing at the prefetch; a CNN alternating replicate and full_shard
+# was 3.8% over charging the world-padded output from the launch). The launch point of a
+# replicate unit changes neither time nor memory (`sim.memory.pending_gathers`, the MILP's
+# deadlines and warm start, `solve.replay`).
+
+
 def launches_at(sc: Scenario) -> dict[int, list[tuple[int, int]]]:
     """step -> [(unit, use step)] AllGathers issued there, in FSDP2's issue order:
     the step's own unit first (its `unshard` precedes the prefetch loop), then by use."""
     out: dict[int, list[tuple[int, int]]] = {}
     for i, s in enumerate(sc.strategies):
-        # Replicate units gather too: FSDP2 on a (world, 1) mesh copies the
-        # parameters out of a size-1 AllGather (no wire time, same buffers).
+        if s is Strategy.REPLICATE:  # [Note: a shard group of one issues no AllGather]
+            continue
         out.setdefault(sc.forward_launch[i], []).append((i, sc.f_step(i)))
         if sc.backward_launch[i] is not None:
             out.setdefault(sc.backward_launch[i], []).append((i, sc.b_step(i)))

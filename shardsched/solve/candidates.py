@@ -31,7 +31,8 @@ from shardsched.core.types import Checkpoint, GradSync, Optimizer, Precision, St
 from shardsched.plan.units import ROOT, root_strategy, unit_cost
 from shardsched.plan.units import partition as partition_layer
 from shardsched.profile.types import LayerProfile, Profile
-from shardsched.sim.scenario import Scenario, UnitCost
+from shardsched.sim.scenario import Scenario
+from shardsched.sim.unit_cost import UnitCost
 
 EXHAUSTIVE_ATOMS = 5
 """Up to this many atoms every grouping is a candidate (16 groupings)."""

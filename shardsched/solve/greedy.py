@@ -25,9 +25,10 @@ import numpy as np
 
 from shardsched.core.types import Checkpoint, GradSync, Strategy
 from shardsched.cost.memory import state_bytes
+from shardsched.cost.strategy import all_reduces
 from shardsched.solve.candidates import Choice, Problem, once
 from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad
-from shardsched.sim.scenario import code_held_terms
+from shardsched.sim.unit_cost import code_held_terms
 from shardsched.solve.milp import FS, FSN, HS, HSGO, REP, SGO, costs_of
 from shardsched.solve.replay import Replay
 
@@ -65,12 +66,12 @@ class Evaluator:
 
     def peak(self, ch: Choice) -> int:
         out, G = self._moments(ch)
-        return int(out.max() if self.p.accumulation <= 1 else max(with_accumulation(self.p, G, list(out))))
+        return int(out.max() if self.p.accumulation <= 1 else max(with_accumulation(self.p, G, list(out), ch.strategies)))
 
     def moments(self, ch: Choice) -> list[float]:
         """The largest moment of every compute step, as `sim.memory.step_memory`."""
         out, G = self._moments(ch)
-        return with_accumulation(self.p, G, list(out))
+        return with_accumulation(self.p, G, list(out), ch.strategies)
 
     def _pending(self, ch: Choice, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Pending AllGather bytes per step, launched-here included / excluded: per unit its forward
@@ -82,6 +83,7 @@ class Evaluator:
         launch[:, 0, 0], launch[:, 1, 0], launch[:, :, 1] = ch.fwd, bwd, t.use
         ok = (launch[:, :, 0] < t.use)
         ok[:, 1] &= bwd >= 0
+        ok &= np.array([k is not Strategy.REPLICATE for k in ch.strategies])[:, None]  # (sim.memory.pending_gathers)
         ok = np.repeat(ok, 2).reshape(n, 2, 2)
         inc, w = launch[ok], t.signed[ok]
         launch[:, :, 0] += 1
@@ -249,10 +251,11 @@ def _own(c, i: int, x: int, plain, full, field: str):
     return (plain, full, getattr(c.sac[i], field) if c.sac[i] is not None else full)[x]
 
 
-def with_accumulation(p: Problem, G: np.ndarray, moments: list[float]) -> list[float]:
+def with_accumulation(p: Problem, G: np.ndarray, moments: list[float], strategies=()) -> list[float]:
     """The moments of every compute step plus the gradients of earlier micro-batches
     (`sim.memory.accumulation_bytes`, [Note: accumulation memory]); G[i]: reduced gradients of
-    units i.. (the moments count G[i+1] in unit i's backward, nothing in forward)."""
+    units i.. (the moments count G[i+1] in unit i's backward, nothing in forward); reducing every
+    micro-batch, the buffers all-reducing units reduced earlier in this backward hold (`strategies`)."""
     if p.accumulation <= 1:
         return moments
     n = p.n
@@ -260,8 +263,18 @@ def with_accumulation(p: Problem, G: np.ndarray, moments: list[float]) -> list[f
     held = G[0] if p.grad_sync is GradSync.EVERY else sum(u.params for u in p.costs) * state_bytes(
         p.precision, p.optimizer).reduce
     extra = held - counted
+    if p.grad_sync is GradSync.EVERY and any(map(all_reduces, strategies)):
+        extra = extra + np.concatenate([np.zeros(n), all_reduce_held(p, strategies)[1:][::-1], [0.0]])
     extra[-1] = 0.0
     return list(np.array(moments) + extra)
+
+
+def all_reduce_held(p: Problem, strategies) -> np.ndarray:
+    """R[i]: the reduce outputs units i.. keep when they all-reduce (`sim.memory._Live.all_reduce_held`)."""
+    c = once(p, costs_of)
+    mine = np.array([c.shard[i][k] * c.state.reduce if all_reduces(k) else 0 for i, k in enumerate(strategies)],
+                    dtype=np.float64)
+    return np.concatenate([np.cumsum(mine[::-1])[::-1], [0.0]])
 
 
 def fewer_gathers(ev: Evaluator, ch: Choice) -> Choice:

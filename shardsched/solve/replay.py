@@ -115,6 +115,8 @@ class Replay:
                   min(o[3] for o in opts))
         back[i] = min(self.units[i].backward_seconds, self.full[i], self.sac[i])
         bwd = ch.bwd if keep else ch.bwd[:i] + (None,) + ch.bwd[i + 1:]
+        if Strategy.REPLICATE in strategies:  # no forward AllGather at all, as replicate issues none
+            ch = ch._replace(strategies=ch.strategies[:i] + (Strategy.REPLICATE,) + ch.strategies[i + 1:])
         before = delays[ch.fwd[i]] if delays and min(ch.bwd[i] if ch.bwd[i] is not None else ch.fwd[i],
                                                      ch.fwd[i]) == ch.fwd[i] else 0.0
         return self._run(ch._replace(bwd=bwd), tab, back, share=0.0) + before
@@ -126,7 +128,8 @@ class Replay:
         n, units = self.p.n, self.units
         launches: list[list[tuple[int, float]]] = [[] for _ in range(2 * n + 1)]
         for i in range(n):  # `launches_at`: (use step, seconds), in use order per step
-            launches[ch.fwd[i]].append((i, tab[i][0]))
+            if ch.strategies[i] is not Strategy.REPLICATE:  # [Note: a shard group of one issues no AllGather]
+                launches[ch.fwd[i]].append((i, tab[i][0]))
             if ch.bwd[i] is not None:
                 launches[ch.bwd[i]].append((2 * n - 1 - i, tab[i][1]))
         channel_free = prev_end = last_reduce = delay = 0.0  # the channel is FIFO: its ends only grow

@@ -108,3 +108,17 @@ def test_unets_the_generator_found(k):
     assert abs(c["error"]) <= 0.01, c["error"]
     if c["budget"] is not None:
         assert c["measured"] <= c["budget"], (c["measured"], c["budget"])
+
+
+@pytest.mark.parametrize("k", [49, 32, 21])
+def test_cnns_the_generator_found_over_predicted(k):
+    """GroupNorm/BatchNorm CNNs (`bench_generated_memory.py --cases 60`): a fused unit's module
+    reduces after FSDP2 resharded the unit (`Inner.resharded`: auto, +8.2%); a replicate unit's
+    prefetch holds nothing ([Note: a shard group of one issues no AllGather] in sim/timeline.py:
+    replicate next to full_shard, +3.8%); accumulating with a reduce every micro-batch, the
+    layers a fused unit reduced so far add into gradients already held
+    (`Scenario.accumulates_sharded`: +1.8%). Each now within 8 bytes."""
+    c = _case(k)
+    assert abs(c["error"]) <= 0.001, c["error"]
+    if c["budget"] is not None:
+        assert c["measured"] <= c["budget"], (c["measured"], c["budget"])

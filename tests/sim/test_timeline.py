@@ -7,7 +7,8 @@ from shardsched.cost.comm import Collective
 from shardsched.cost.device import DeviceSpec, Cluster, Link
 from shardsched.cost.memory import state_bytes
 from shardsched.core.types import Optimizer, Precision, Strategy
-from shardsched.sim.scenario import Scenario, UnitCost
+from shardsched.sim.scenario import Scenario
+from shardsched.sim.unit_cost import UnitCost
 from shardsched.sim.simulate import simulate
 from shardsched.sim.timeline import replay
 

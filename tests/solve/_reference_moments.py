@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardsched.core.types import Strategy
 from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad
-from shardsched.sim.scenario import code_held_terms
+from shardsched.sim.unit_cost import code_held_terms
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.solve.greedy import _mode, _own, with_accumulation
 from shardsched.solve.milp import costs_of
@@ -33,7 +34,7 @@ class ReferenceEvaluator:
         inc, exc = np.zeros(2 * n + 2), np.zeros(2 * n + 2)
         for j in range(n):
             for launch, use in ((ch.fwd[j], j), (ch.bwd[j], 2 * n - 1 - j)):
-                if launch is None or launch >= use:
+                if launch is None or launch >= use or ch.strategies[j] is Strategy.REPLICATE:
                     continue
                 inc[launch] += self.unsh[j]
                 inc[use] -= self.unsh[j]
@@ -78,7 +79,7 @@ class ReferenceEvaluator:
         for s in range(n, 2 * n):
             out.append(self._backward(ch, s, pers, U, G, inc, exc, unsh, rs, held))
         out.append(pers + G[0] + int(c.opt_factor * shard.sum() * sb.param))
-        return with_accumulation(self.p, G, out)
+        return with_accumulation(self.p, G, out, ch.strategies)
 
     def _backward(self, ch, s, pers, U, G, inc, exc, unsh, rs, held) -> float:
         c, n = self.c, self.p.n

@@ -66,3 +66,33 @@ def test_a_selective_unit_recomputes_its_selective_share():
                 modes.update(ch.ckpt)
                 assert fast.seconds(ch) == replay(p.scenario(ch)).step_seconds
     assert Checkpoint.SELECTIVE in modes
+
+
+@pytest.mark.parametrize("cluster", [OVERLAP, A100], ids=["overlap", "a100-nodes"])
+def test_a_replicate_units_launch_changes_neither_time_nor_memory(cluster):
+    """[Note: a shard group of one issues no AllGather] in sim/timeline.py: moving a replicate
+    unit's forward launch anywhere in its window leaves the step and every moment as they were
+    (its unit never waits for the channel, and a launch before its use holds nothing), in the
+    simulator, the search's tables and greedy's evaluator."""
+    from shardsched.sim.memory import step_memory
+    from shardsched.solve.greedy import Evaluator
+    r, moved = random.Random(3), 0
+    for p in problems(cluster):
+        fast, ev = Replay(p), Evaluator(p)
+        for _ in range(20):
+            ch = random_choice(p, r)
+            reps = [i for i, k in enumerate(ch.strategies) if k is Strategy.REPLICATE and i > 0]
+            if Strategy.REPLICATE not in p.allowed[-1] or not reps:
+                ch = ch._replace(strategies=ch.strategies[:-1] + (Strategy.REPLICATE,)) \
+                    if Strategy.REPLICATE in p.allowed[-1] else ch
+                reps = [i for i, k in enumerate(ch.strategies) if k is Strategy.REPLICATE and i > 0]
+            for i in reps:
+                early = ch._replace(fwd=ch.fwd[:i] + (r.randrange(0, i),) + ch.fwd[i + 1:])
+                seconds = replay(p.scenario(ch)).step_seconds
+                assert replay(p.scenario(early)).step_seconds == pytest.approx(seconds, rel=1e-12)
+                assert fast.seconds(early) == fast.seconds(ch) == replay(p.scenario(ch)).step_seconds
+                assert [m.total for m in step_memory(p.scenario(early))] == \
+                    [m.total for m in step_memory(p.scenario(ch))]
+                assert ev.peak(early) == ev.peak(ch)
+                moved += 1
+    assert moved >= 20

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from shardsched.cost.strategy import gather_seconds, held_after_forward, reduce_seconds, shard_count
+from shardsched.cost.strategy import all_reduces, gather_seconds, held_after_forward, reduce_seconds, shard_count
 from shardsched.sim.memory import (forward_gathers, in_place_held, in_place_reduce_bytes, own_grad_bytes, reduce_moment_bytes,
                                     root_grad_bytes)
 from shardsched.solve.candidates import Choice, Problem
@@ -130,7 +130,8 @@ def costs_of(p: Problem) -> Costs:
     rs_by = [{k: reduce_moment_bytes(c, shard_count(k, cl), reduce=sb.reduce, grad=sb.unsharded_grad, own_grad=g)
               for k in ks} for c, g in zip(p.costs, ugrad)]
     rs_kept_by = [{k: c.module_reduce_numel(shard_count(k, cl), last=True) * sb.reduce for k in ks} for c in p.costs]
-    inner = [_inner(c, sb, cl, unsh_by[i], sc.accumulates_in_place) if len(c.layers) > 1 and c.layer_bytes else None
+    inner = [_inner(c, sb, cl, unsh_by[i], sc.accumulates_in_place, sc.accumulates_sharded)
+             if len(c.layers) > 1 and c.layer_bytes else None
              for i, c in enumerate(p.costs)]
     plain, ckpt = sc, dataclasses.replace(sc, checkpoint=(True,) * sc.n)  # for `Scenario.forward_bytes`
     sac = _selective(p, sb, cl, inner) if p.selective else [None] * p.n
@@ -189,13 +190,16 @@ def _selective(p: Problem, sb, cl, inner: list) -> list:
     return out
 
 
-def _inner(c, sb, cl, unsh: dict, in_place: bool = False) -> list[tuple]:
+def _inner(c, sb, cl, unsh: dict, in_place: bool = False, sharded: bool = False) -> list[tuple]:
     """`Costs.inner` of one fused unit: its moments plain and checkpointed, paired by key,
-    with what each holds per strategy (`sim.memory._Live.inner`; `in_place`:
-    `Scenario.accumulates_in_place`, what `sim.memory.in_place_reduce_bytes` holds instead)."""
+    with what each holds per strategy, less the unit's unsharded parameters where FSDP2 has
+    resharded it (`Inner.resharded`; `sim.memory._Live.inner`; `in_place`:
+    `Scenario.accumulates_in_place`, what `sim.memory.in_place_reduce_bytes` holds instead;
+    `sharded`: `Scenario.accumulates_sharded`, the layers reduced so far hold nothing more)."""
     ks = tuple(Strategy)
     rs = {k: c.layer_reduce_bytes(shard_count(k, cl), sb.reduce) for k in ks}
-    done = {k: c.done_grad_bytes(shard_count(k, cl), sb.grad) for k in ks}
+    done = {k: [0] * len(c.layer_bytes) if sharded and not all_reduces(k) else c.done_grad_bytes(shard_count(k, cl), sb.grad)
+            for k in ks}
     held = {k: in_place_reduce_bytes(c, rs[k], c.shard_numel(shard_count(k, cl)) * sb.grad, sb.reduce)
             for k in ks} if in_place else None
     plain, ck = (c.inner_moments(sb.unsharded_grad, checkpointed=x, in_place=in_place) for x in (False, True))
@@ -203,7 +207,7 @@ def _inner(c, sb, cl, unsh: dict, in_place: bool = False) -> list[tuple]:
     for key in sorted(set(plain) | set(ck)):
         m = plain.get(key) or ck[key]
         per = {k: (in_place_held(*held[k], m, len(c.layers) - 1) if held else rs[k][m.reducing] + done[k][m.done])
-               + (forward_gathers(c, k) * unsh[k] if m.gathered else 0) for k in ks}
+               + (forward_gathers(c, k) * unsh[k] if m.gathered else 0) - (unsh[k] if m.resharded else 0) for k in ks}
         out.append((plain[key].own if key in plain else None, ck[key].own if key in ck else None, per))
     return out
 

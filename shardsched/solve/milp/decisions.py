@@ -21,7 +21,7 @@ from shardsched.solve.milp.memory import _MemoryRows
 from shardsched.solve.milp.model import _Model, _add
 from shardsched.solve.milp.objective import _Objective
 from shardsched.solve.milp.times import _TimeRows
-from shardsched.core.types import Checkpoint
+from shardsched.core.types import Checkpoint, Strategy
 
 
 def windows(n: int, ahead: int) -> tuple[list[range], list[range]]:
@@ -103,7 +103,9 @@ class _Build(_TimeRows, _MemoryRows, _Objective):
         x = np.zeros(len(self.m.lb))
         for i in range(self.n):
             x[self.z[i][ch.strategies[i]]] = 1.0
-            x[self.xf[i][ch.fwd[i]]] = 1.0
+            # a replicate unit launched at its use: the same time and memory, and no
+            # prefetch for the memory rows to count ([Note: a shard group of one issues no AllGather])
+            x[self.xf[i][i if ch.strategies[i] is Strategy.REPLICATE else ch.fwd[i]]] = 1.0
             if ch.bwd[i] is not None:
                 x[self.xb[i][ch.bwd[i]]] = 1.0
             mode = Checkpoint(ch.ckpt[i]) if ch.ckpt else Checkpoint.NONE

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import math
 
-from shardsched.sim.scenario import code_held_terms
+from shardsched.sim.unit_cost import code_held_terms
 from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad
 from shardsched.solve.milp.costs import _sac
 from shardsched.solve.milp.model import REP, GiB, _add
 from shardsched.core.types import GradSync
+from shardsched.cost.strategy import all_reduces
 
 MEMORY_MARGIN_GIB = 0.5 / GiB
 """Rows are in GiB; keep half a byte below the budget (simulated bytes are integers) so solver tolerances never
@@ -117,7 +118,7 @@ class _MemoryRows:
                 if i else {}
             self._mem(i, _add(_add(_add(copyout, prev), a0), _add(self._pending(i, inclusive=False), after_ck)),
                       k0 + code_const + (unit.entry_bytes + c.input_bytes) * g, cap)
-            if len(unit.layers) > 1:  # its last module starts (and gathers again when it reshards)
+            if len(unit.layers) > 1 or unit.repeats:  # its last module (a later call) starts, gathering again
                 self._mem(i, _add(_add(_add(live, extra), a0), self._pending(i, inclusive=True)),
                           k0 + code_const + (c.lead[i] + c.input_bytes) * g, cap)
             tail = unit.after_forward()
@@ -224,8 +225,12 @@ class _MemoryRows:
         if p.accumulation <= 1 or s >= 2 * n:
             return {}, 0.0
         counted = {self.G[2 * n - s]: -1.0} if s >= n else {}  # G[i+1], i = 2n-1-s
-        if p.grad_sync is GradSync.EVERY:
-            return _add({self.G[0]: 1.0}, counted), 0.0
+        if p.grad_sync is GradSync.EVERY:  # and the all-reducing units' kept buffers (`_Live.all_reduce_held`)
+            held = {}
+            for j in (j for j in range(2 * n - s, n) if any(map(all_reduces, self.z[j]))) if s >= n else ():
+                held = _add(held, self.zexpr(j, {k: self.c.shard[j][k] * self.c.state.reduce / GiB if all_reduces(k)
+                                                 else 0.0 for k in self.z[j]}))
+            return _add(_add({self.G[0]: 1.0}, counted), held), 0.0
         return counted, sum(u.params for u in p.costs) * self.c.state.reduce / GiB
 
     def _mem(self, s: int, terms: dict, const: float, cap: float) -> None:

@@ -138,10 +138,12 @@ class _TimeRows:
         launches = self.xf[i] if u < n else self.xb[i]
         before = sum(self.comp[:u])
         rc = self._recompute(u)
+        big = max(self.t_ub - before, 0.0)
+        # a replicate unit waits for nothing ([Note: a shard group of one issues no AllGather])
+        free = {self.z[i][REP]: big} if REP in self.z[i] else {}
         for l, x in launches.items():
-            big = max(self.t_ub - before, 0.0)
             end = _add(_add({self.S[l]: 1.0}, self._ag_at(l, u)), rc)
-            self.m.ge(_add({self.E[u]: 1.0}, {x: -big}), end, self.comp[u] - big)
+            self.m.ge(_add(_add({self.E[u]: 1.0}, {x: -big}), free), end, self.comp[u] - big)
 
     def _all_comm(self) -> dict:
         out, c, ts = {}, self.c, self.tscale
@@ -173,7 +175,10 @@ class _TimeRows:
         return launches.get(l)
 
     def _ready(self, x: np.ndarray, u: int) -> float:
-        """End of the AllGather used at u (0 when it has none)."""
+        """End of the AllGather used at u (0 when it has none: a replicate unit's)."""
+        i = u if u < self.n else 2 * self.n - 1 - u
+        if REP in self.z[i] and x[self.z[i][REP]] > 0.5:
+            return 0.0
         for l in range(u + 1):
             col = self._launch_col(u, l)
             if col is not None and x[col] > 0.5:

@@ -1,0 +1,322 @@
+"""What one unit costs: its bytes and seconds, layer by layer (`UnitCost`), and the moments
+inside a fused unit's backward (`Inner`). `plan.units.unit_cost` builds it from the profile;
+`sim.scenario.Scenario` replays a schedule of them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+from shardsched.cost.memory import shard_numel
+
+
+class Inner(NamedTuple):
+    """One moment inside a fused unit's backward (`UnitCost.inner_moments`)."""
+
+    own: int
+    """Its own bytes that do not depend on the strategy: gradients, activations, workspace."""
+    reducing: int
+    """The layer whose ReduceScatter input is live."""
+    done: int
+    """The layers after this one have reduced: their sharded gradients are live."""
+    gathered: bool
+    """Its AllGather output is live (a module's copy-out)."""
+    resharded: bool = False
+    """Its unsharded parameters are freed: FSDP2's `post_backward` reshards the unit's group
+    before it reduces (`FSDPParamGroup.post_backward`: `reshard()`, then `foreach_reduce`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class UnitCost:
+    """The profile of one unit (the sum over its layers)."""
+
+    name: str
+    layers: tuple[str, ...]
+    params: int
+    forward_seconds: float
+    frozen_params: int = 0
+    """Of `params`, those with no gradient (`LayerProfile.frozen_params`)."""
+    backward_seconds: float
+    activation_bytes: int
+    """Retained from the unit's forward until its backward."""
+    workspace_bytes: int = 0
+    """Transient bytes while the unit computes (largest activation-gradient buffers)."""
+    dims: tuple[tuple[int, int], ...] = ()
+    """(dim-0 size, numel) per parameter, for FSDP2's dim-0 padding; () = unknown."""
+    lead_activation_bytes: int = 0
+    """Activations of all its layers but the last, and the last one's input: live when
+    its last module starts."""
+    input_bytes: int = 0
+    """What it retains instead when checkpointed: its layers' forward inputs, and what
+    code outside them saved (`LayerProfile.outside_bytes`: not recomputed)."""
+    entry_bytes: int = 0
+    """Its first layer's `LayerProfile.entry_bytes`: live at its forward copy-out."""
+    exit_bytes: int = 0
+    """Its last layer's `LayerProfile.exit_bytes`: what the code after its forward holds
+    beyond what is saved, while its AllGather output is still held (`sim.memory._forward`)."""
+    checkpointed_lead_bytes: int = 0
+    """`lead_activation_bytes` when checkpointed: its other layers keep only their inputs."""
+    layer_bytes: tuple = ()
+    """Per layer, in forward order: (bytes kept when checkpointed, activations, workspace,
+    parameters, bytes live while it is recomputed, forward transients: `plan.units.LayerBytes`), for the moments inside its backward ([Note: checkpointed units, layer
+    by layer] in `plan.units`)."""
+
+    outside_workspace_bytes: int = 0
+    """Transient of the backward of code outside its last layer (a loss after it), which runs
+    before FSDP2 gathers the unit for backward (`LayerProfile.outside_workspace_bytes`)."""
+    outside_activation_bytes: int = 0
+    """What that code saved (`LayerProfile.outside_bytes` of its last layer): its backward
+    frees them before the unit's own backward starts."""
+    layer_dims: tuple[tuple[tuple[int, int], ...], ...] = ()
+    """`dims` per layer of the parameters that get a gradient (for the per-module ReduceScatter
+    inputs of a fused unit; a wholly frozen layer has none); () = unknown."""
+    outside_input_bytes: int = 0
+    """Selective form only: its last layer's saved outputs that the code outside it reads
+    (`LayerProfile.selective_outside_input_bytes`): at that code's forward they are the input
+    `outside_workspace_bytes // 2` stands for, so they are not counted twice (`after_forward`)."""
+    code_held: dict = field(default_factory=dict)
+    """Its first layer's `LayerProfile.code_held`: per earlier layer, (bytes when that layer
+    recomputes, when selectively) of its outputs the calling code holds beside this unit's
+    forward ([Note: outputs the caller's code holds] in profile/held.py)."""
+    code_held_bytes: int = 0
+    """Its first layer's `LayerProfile.code_held_bytes`: held beside its forward whatever recomputes."""
+    recompute_seconds: float | None = None
+    """Seconds its backward spends recomputing when checkpointed; None: its whole forward
+    (full checkpointing). A selective unit's cost (`plan.units.unit_cost`) sets it to the
+    ops the policy recomputes ([Note: selective checkpointing as kept bytes])."""
+    forward_ops: int = 0
+    """Operators its layers' forwards dispatch (`LayerProfile.forward_ops`; 0 = unknown): what
+    the host's time is priced by ([Note: host time per op] in plan/schedule.py)."""
+    selective: bool = False
+    """The cost of its selective form (`plan.units.unit_cost` under `+sac` / `+sac-all`): its
+    forward and recomputation also run selective checkpointing's dispatch modes."""
+    lead_resaved_bytes: int | None = None  # its first layer's `LayerProfile.input_resaved_bytes`
+    lead_saved_before_bytes: int = 0  # its first layer's `input_saved_before_bytes` (`kept_before`)
+
+    def kept_before(self) -> "UnitCost":
+        """[Note: an input the unit before keeps] A recomputed unit keeps its first layer's input,
+        counted where it was saved first (a ReLU ending the layer before); a unit before that does
+        not recompute retains it itself (kept twice, a CNN alternating checkpointed and plain blocks
+        was 19% over). The MILP keeps that upper bound; the simulator takes it off."""
+        kb, lb = self.lead_saved_before_bytes, self.layer_bytes
+        if not kb or not lb:
+            return self
+        first = lb[0]._replace(kept=lb[0].kept - kb, redo=lb[0].redo - kb, inp=max(0, lb[0].inp - kb))
+        return replace(self, input_bytes=self.input_bytes - kb, layer_bytes=(first, *lb[1:]),
+                       checkpointed_lead_bytes=self.checkpointed_lead_bytes - (kb if len(lb) > 1 else 0))
+
+    def module_reduce_numel(self, n: int, *, last: bool) -> int:
+        """Elements of one module's ReduceScatter input over n shards: FSDP2 (torch 2.13)
+        reduces a fused unit module by module ([Note: checkpointed units, layer by layer] in
+        plan/units.py), so the input retained after the unit's backward is its first layer's
+        (the last to run backward; `last=True`), and the largest its own reduce holds is its
+        largest layer's. A unit of one layer, or without per-layer dims: the whole unit's."""
+        if len(self.layers) < 2 or len(self.layer_dims) != len(self.layers):
+            return self.trainable(self.padded_numel(n))
+        sizes = [int(n * shard) for shard in self._layer_shards(n)]
+        return sizes[0] if last else max(sizes)
+
+    @property
+    def repeats(self) -> bool:
+        """One layer its model calls more than once ([Note: a repeated layer's later forward
+        calls] in plan/units.py): its later calls start as a fused unit's last module does."""
+        return len(self.layers) == 1 and len(self.layer_bytes) == 1 and self.layer_bytes[0].calls > 1
+
+    def grad_in_bytes(self) -> int:
+        """As its backward starts, beyond what it and the units before it keep: the gradient of
+        its output (`LayerProfile.output_bytes` of its last layer; 0 = unknown), the loss after it
+        having freed what it saved (a logits-sized gradient where a log-softmax was saved)."""
+        out = self.layer_bytes[-1].out if self.layer_bytes else 0
+        return out - self.outside_activation_bytes
+
+    def recall_bytes(self, grad_bytes: float, *, checkpointed: bool, gathered: bool) -> int:
+        """Its own bytes in the backward of a repeated layer's earlier call ([Note: a repeated
+        module's later calls] in plan/units.py); 0 when no layer of it repeats. Next to the
+        activations (kept bytes when checkpointed) of the layers before it and of its calls not
+        yet done, the gradient its done calls accumulated and the layers after it's gradients
+        (unsharded: an upper bound of their ReduceScatter input and shards): as FSDP2 gathers it
+        again (`gathered`), the gradient of the call's output; as the call computes, its
+        workspace (checkpointed: the call recomputed, `LayerBytes.redo`)."""
+        reps = [k for k, b in enumerate(self.layer_bytes) if b.calls > 1]
+        if not reps:
+            return 0
+        k, bs = reps[-1], self.layer_bytes
+        b = bs[k]
+        before = sum(x.kept if checkpointed else x.act for x in bs[:k])
+        later = sum(int(x.params * grad_bytes) for x in bs[k + 1:])
+        own = b.kept if checkpointed else b.act
+        if gathered:
+            own += b.out - own // b.calls
+        else:
+            own = (b.redo if checkpointed else own - own // b.calls) + b.recall_ws
+        return before + own + int(b.params * grad_bytes) + later
+
+    def handed_over_bytes(self) -> int:
+        """Of its input, what the plain trace counts as saved by the layer before it (a ReLU's,
+        a pooling's output): when that unit recomputes, nothing of it saves its output, so
+        this unit's own saved input (or, recomputing too, its kept input) holds it ([Note: the
+        output a recomputed unit hands over]): as far as it saves it (a GNN layer: none, +2.3%)."""
+        handed = self.entry_after_checkpointed() - self.entry_bytes
+        return handed if self.lead_resaved_bytes is None else min(handed, self.lead_resaved_bytes)
+
+    def entry_after_checkpointed(self) -> int:
+        """Its input live at its copy-out when the unit before it recomputes (full or selective):
+        `entry_bytes` is the plain trace's, where the layer before may have saved its output (a
+        ReLU, a pooling); checkpointed, nothing did (a CNN after a selective block: 2% under)."""
+        return max(self.entry_bytes, self.layer_bytes[0].inp if self.layer_bytes else 0)
+
+    def after_forward(self) -> int:
+        """Beyond what is saved, what lives once its forward is over, before the next unit's
+        copy-out, next to its held AllGather output: the code after it, measured ([Note: exit
+        windows] in profile/workspace.py), or else the loss's logits-sized temporary (half
+        `outside_workspace_bytes`, [Note: the loss before the unit's backward]), less what a
+        selective last layer already keeps of the loss's input (its logits)."""
+        return max(0, max(self.exit_bytes, self.outside_workspace_bytes // 2) - self.outside_input_bytes)
+
+    def recompute(self) -> float:
+        """Seconds its backward recomputes when checkpointed (`recompute_seconds`)."""
+        return self.forward_seconds if self.recompute_seconds is None else self.recompute_seconds
+
+    def checkpointed_start(self) -> int:
+        """Its own bytes as its backward starts when checkpointed: its last layer recomputed
+        (its live bytes) and its workspace, next to the kept inputs of the layers before it;
+        the loss after it already ran its backward, freeing what it saved."""
+        before = sum(b.kept for b in self.layer_bytes[:-1])
+        last = self.layer_bytes[-1]
+        return before + last.redo - self.outside_activation_bytes + last.ws
+
+    def backward_peak(self) -> int:
+        """Its own activations and workspace at the peak of its backward when not
+        checkpointed: layers run backward last to first, and layer k's backward frees the
+        activations of the layers after it, so the peak is the most over k of the
+        activations of layers 0..k and layer k's workspace (not all activations next to
+        the largest workspace: that over-counted a fused CNN by 24%). The last layer's
+        outside code (the loss) ran its backward first, freeing what it saved."""
+        if not self.layer_bytes:
+            return self.activation_bytes + self.workspace_bytes
+        return self._layer_by_layer(lambda b: b.ws)
+
+    def bucketed_peak(self) -> int:
+        """`backward_peak` as DDP runs it: each gradient leaves for the bucket as it is
+        accumulated, so its windows are the bucketed ones ([Note: bucketed windows] in
+        profile/workspace.py) and no layer's gradients are held at its end."""
+        if not self.layer_bytes:
+            return self.activation_bytes + self.workspace_bytes
+        return self._layer_by_layer(lambda b: b.bws)
+
+    def forward_peak(self) -> int:
+        """Its own activations and transients at the peak of its forward when not
+        checkpointed: layer k produces its tensors (`LayerBytes.produced`, measured) next to
+        the activations of layers 0..k. The last layer's outside code (the loss) has not
+        saved yet: it runs after the unit reshards."""
+        if not self.layer_bytes:
+            return self.activation_bytes + self.workspace_bytes // 2
+        return self._layer_by_layer(lambda b: b.produced)
+
+    def _layer_by_layer(self, extra) -> int:
+        """The most over k of the activations of layers 0..k and `extra` of layer k, the last
+        layer's outside code's saved bytes not counted."""
+        best, acts, last = 0, 0, len(self.layer_bytes) - 1
+        for k, b in enumerate(self.layer_bytes):
+            acts += b.act
+            best = max(best, acts - (self.outside_activation_bytes if k == last else 0) + extra(b))
+        return best
+
+    def layer_grad(self, k: int, grad_bytes: float, *, in_place: bool = False) -> int:
+        """The unsharded gradients layer k's backward adds: its parameters', or accumulating in
+        place (`Scenario.accumulates_in_place`) its largest parameter's, the rest already held
+        (`sim.memory.own_grad_bytes`)."""
+        if in_place and len(self.layer_dims) == len(self.layer_bytes):
+            return int(max((numel for _, numel in self.layer_dims[k]), default=0) * grad_bytes)
+        return int(self.layer_bytes[k].params * grad_bytes)
+
+    def last_end(self, grad_bytes: float, *, checkpointed: bool, in_place: bool = False) -> int:
+        """Its own bytes at the end of its last layer's backward (the first to run backward):
+        that layer's unsharded gradients and workspace next to the activations (kept bytes
+        when checkpointed) of the layers before it; the previous unit's ReduceScatter input
+        is held (the caller's)."""
+        before = sum(b.kept if checkpointed else b.act for b in self.layer_bytes[:-1])
+        last = self.layer_bytes[-1]
+        return self.layer_grad(len(self.layer_bytes) - 1, grad_bytes, in_place=in_place) + before + last.ws
+
+    def inner_moments(self, grad_bytes: float, *, checkpointed: bool,
+                      in_place: bool = False) -> dict[tuple[str, int], Inner]:
+        """The moments of a fused unit's backward after its last layer's end, as FSDP2 (torch
+        2.13) runs it module by module: layer k's backward ends with its unsharded gradients
+        and workspace next to the activations of layers 0..k-1, while layer k+1's ReduceScatter
+        input is held and layers k+1.. hold their reduced (sharded) gradients (and as it starts,
+        its activations are live next to its workspace: a BatchNorm CNN was 9% under without
+        that moment); layer k reduces;
+        checkpointed, layer k is recomputed (its live bytes) next to the kept inputs of the
+        layers before it; a module's pre-backward gathers again (FSDP2 resharded after the
+        module before), its AllGather output next to the activations of layers 0..k and the
+        gradient of its output (`LayerProfile.output_bytes`); a module reduces after FSDP2
+        resharded the whole unit, none of its unsharded parameters live (`Inner.resharded`:
+        charged gathered, a GroupNorm CNN's fused head was 8% over). Keyed by
+        (moment, k) so plain and checkpointed moments pair up (`solve.milp`). Charging the
+        whole unit's gradients next to its largest workspace over-predicted fused HF decoders
+        by 12-18%; charging every module's sharded gradients from the start, 5% on a Mixer."""
+        out, before, layers = {}, 0, self.layer_bytes
+        for k, b in enumerate(layers):
+            g = int(b.params * grad_bytes)
+            if k + 1 < len(layers):
+                out["end", k] = Inner(g + before + b.ws, k + 1, k, False)
+                if not checkpointed:  # its backward starts: its activations still live
+                    out["start", k] = Inner(before + b.act + b.ws, k + 1, k, False)
+                else:
+                    out["redo", k] = Inner(before + b.redo + b.ws, k + 1, k, False)
+                # the gradient of its output has arrived: live as it gathers
+                out["regather", k] = Inner(before + (b.kept if checkpointed else b.act) + b.out,
+                                           k + 1, k, True)
+            # accumulating in place, the last layer (the first to reduce) added into the
+            # gradients held whole; the layers after the unit's reduce make theirs anew
+            out["reduce", k] = Inner((0 if in_place and k + 1 == len(layers) else g) + before, k, k, False, True)
+            before += b.kept if checkpointed else b.act
+        return out
+
+    def layer_reduce_bytes(self, n: int, reduce_bytes: float) -> list[int]:
+        """Each layer's ReduceScatter input over n shards, in bytes: FSDP2 pads every
+        parameter's dim 0 to a multiple of n (a CNN's 24 channels reduce as 64 at world 64:
+        counting them unpadded was 7% under). Without per-layer dims, its parameters."""
+        return [int(n * shard * reduce_bytes) for shard in self._layer_shards(n)]
+
+    def done_grad_bytes(self, n: int, grad_bytes: float) -> list[int]:
+        """Per layer k: the sharded gradients of the layers after k (reduced before k's backward
+        ends), over n shards."""
+        shards, out, after = self._layer_shards(n), [], 0
+        for shard in reversed(shards):
+            out.append(int(after * grad_bytes))
+            after += shard
+        return out[::-1]
+
+    def _layer_shards(self, n: int) -> list[float]:
+        dims = self.layer_dims if len(self.layer_dims) == len(self.layer_bytes) else ()
+        return [shard_numel(sum(d for _, d in dims[k]), dims[k], n) if dims and dims[k] else b.params / n
+                for k, b in enumerate(self.layer_bytes)]
+
+    def shard_numel(self, n: int) -> int:
+        """Elements per worker sharded n ways (dim 0 of each parameter padded)."""
+        return shard_numel(self.params, self.dims, n)
+
+    def trainable(self, numel: int) -> int:
+        """Of `numel` elements of this unit (a shard, a padded buffer), those that get a
+        gradient: in proportion, as FSDP2 lays frozen and trainable parameters side by side
+        ([Note: frozen parameters] in sim/memory.py)."""
+        if not self.frozen_params or not self.params:
+            return numel
+        return numel * (self.params - self.frozen_params) // self.params
+
+    def padded_numel(self, n: int) -> int:
+        """Elements of the AllGather output / ReduceScatter input over n shards; the
+        unsharded parameters are views into the AllGather output, so they occupy this too."""
+        return n * self.shard_numel(n)
+
+
+def code_held_terms(units, i: int) -> list[tuple[int, int, int, int]]:
+    """(earlier unit, bytes when it recomputes, when selectively under `+sac`, under
+    `+sac-all`) of the outputs the calling
+    code holds beside unit i's forward ([Note: outputs the caller's code holds] in
+    profile/held.py); a layer of unit i's own is left out."""
+    unit_of = {name: j for j, u in enumerate(units) for name in u.layers}
+    return [(unit_of[name], t[0], t[1], t[-1]) for name, t in units[i].code_held.items()
+            if unit_of.get(name, i) < i]
