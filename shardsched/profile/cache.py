@@ -11,7 +11,7 @@ the trace itself ~0.15 s, the solver well under that. So both the profile and th
 The key holds everything the result is a function of: the model's parameter fingerprint,
 its module tree (`repr`: types and their arguments), the source of every module class it
 uses (an edited forward is another model), its buffers, an HF `config`, the inputs' structure,
-shapes and dtypes (fake tensors see no values), the name, device preset and compute dtype
+shapes and dtypes (fake tensors see no values but a boolean mask's), the name, device preset and compute dtype
 (and for a verification the plan JSON), torch's version, and shardsched's own code (a hash of
 every .py file of the package: any change to the profiler or the engine re-traces), and each
 module's plain attributes (numbers, strings, booleans: `training`, HF's `gradient_checkpointing`,
@@ -66,7 +66,10 @@ def _inputs(x: Any) -> Any:
     """The inputs as a fake trace sees them: structure, shapes and dtypes, other values' repr."""
     import torch
     if isinstance(x, torch.Tensor):
-        return ["tensor", list(x.shape), str(x.dtype), list(x.stride()), x.requires_grad]
+        out = ["tensor", list(x.shape), str(x.dtype), list(x.stride()), x.requires_grad]
+        if x.dtype == torch.bool and x.device.type != "meta":  # [Note: boolean masks on fake tensors]:
+            out.append(hashlib.sha256(x.contiguous().numpy().tobytes()).hexdigest()[:16])  # the trace reads them
+        return out
     if isinstance(x, (tuple, list)):
         return [type(x).__name__, [_inputs(v) for v in x]]
     if isinstance(x, dict):
@@ -93,6 +96,19 @@ def model_key(model, inputs: tuple, *extra: Any) -> str:
              config.to_json_string() if hasattr(config, "to_json_string") else repr(config),
              _inputs(inputs), torch.__version__, code_version(), _plain_attributes(model), *extra]
     return hashlib.sha256(json.dumps(parts, default=repr).encode()).hexdigest()[:24]
+
+
+def values_digest(model, inputs: tuple) -> str:
+    """A hash of the values of `model`'s parameters and buffers and of the tensor inputs: what
+    a trace on real tensors also depends on (a router's choices, a mask's count)."""
+    import torch
+
+    from shardsched.profile.layers import tensors_in
+    h = hashlib.sha256()
+    for t in [*model.parameters(), *model.buffers(), *tensors_in(inputs)]:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            h.update(t.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:24]
 
 
 def load(kind: str, key: str) -> str | None:

@@ -85,17 +85,22 @@ def profiled(spec: ModelSpec, *, micro_batch: int, seq: int | None, device: Devi
 
 def traced_or_measured(model, inputs: tuple, *, name: str, device: DeviceSpec, dtype: str, repeats: int = 3,
                        real=None) -> Profiled:
-    """The traced profile; for a model fake tensors cannot run, the measured one.
+    """The traced profile; for a model fake tensors cannot run, the trace on real tensors;
+    for one that cannot be traced at all, the measured one.
 
-    [Note: a model fake tensors cannot run] Its code reads tensor values (a boolean mask,
-    `.item()`, CTC's lengths): the profile is measured on this machine instead (bytes and
-    seconds from a real run, as `--measure`), and the plan says so in one line. A model on
-    the meta device is built for real first (`real()`)."""
+    [Note: a model fake tensors cannot run] Its code reads tensor values (a boolean mask it
+    computes, `.item()`, CTC's lengths). Only those values need a real run: the same trace runs
+    on real copies of its parameters and inputs on this machine ([Note: a trace on real
+    tensors] in profile/trace_fake.py), so bytes and FLOPs are counted as on fake tensors and
+    the seconds are the `--device` preset's, as for any traced model. Measuring the whole model
+    here instead (what `--measure` does) gave a GPU plan this CPU's seconds. The plan says so
+    in one line. A model on the meta device is built for real first (`real()`); a model the
+    real trace refuses too is measured."""
     from shardsched.profile.trace import Untraceable, trace_profile  # imports torch: only for code models
     from shardsched.profile import cache
 
-    def trace() -> Profile:
-        return trace_profile(model, inputs, name=name, device=device, compute_dtype=dtype)
+    def trace(tensors: str = "fake", model=model, inputs=inputs) -> Profile:
+        return trace_profile(model, inputs, name=name, device=device, compute_dtype=dtype, tensors=tensors)
     try:  # [Note: the profile cache]: a second plan of the same model skips the trace
         key = cache.model_key(model, inputs, name, repr(device), dtype)
         return Profiled(cache.cached("traced", key, trace, to_text=Profile.to_json, from_text=Profile.from_json),
@@ -105,12 +110,19 @@ def traced_or_measured(model, inputs: tuple, *, name: str, device: DeviceSpec, d
             if real is None:
                 raise
             model, inputs = real()
-        profile = measured(model, inputs, name=name, repeats=repeats, compute_dtype=dtype)
         op = str(why).split(": ", 1)[1].split("; accepted")[0] if ": " in str(why) else str(why)
+    try:
+        key = cache.model_key(model, inputs, name, repr(device), dtype, "real", cache.values_digest(model, inputs))
+        profile = cache.cached("traced", key, lambda: trace("real", model, inputs),
+                               to_text=Profile.to_json, from_text=Profile.from_json)
+        note = (f"profiled by running the model on real tensors on this machine (it cannot run on fake tensors: "
+                f"{op[:160]}): bytes and FLOPs traced, times the --device preset's")
+    except Untraceable:
+        profile = measured(model, inputs, name=name, repeats=repeats, compute_dtype=dtype)
         note = (f"profiled by running the model on this machine (it cannot run on fake tensors: {op[:160]}): "
                 f"times are this machine's, not the --device preset's")
-        extra = {**profile.extra, "notes": (*profile.extra.get("notes", ()), note)}
-        return Profiled(dataclasses.replace(profile, extra=extra), model, inputs)
+    extra = {**profile.extra, "notes": (*profile.extra.get("notes", ()), note)}
+    return Profiled(dataclasses.replace(profile, extra=extra), model, inputs)
 
 
 def measured(model, inputs, *, name: str, repeats: int, compute_dtype: str) -> Profile:

@@ -131,3 +131,43 @@ def test_a_model_fake_tensors_cannot_run_is_traced_on_real_tensors(tmp_path, mon
     assert all(l.selective_saved_bytes is not None for l in got.layers)
     hooks = measure_profile(model, inputs, name="g", repeats=1, warmup=0)
     assert [l.activation_bytes for l in got.layers] == [l.activation_bytes for l in hooks.layers] != [0, 0]
+
+class _Mlp(nn.Module):
+    """Two linear layers; `reads_values`: the root's code also reads a value on the host."""
+
+    def __init__(self, reads_values: bool):
+        super().__init__()
+        self.reads_values = reads_values
+        self.up, self.down = nn.Linear(16, 64), nn.Linear(64, 16)
+
+    def forward(self, x):
+        loss = self.down(torch.relu(self.up(x))).square().mean()
+        if self.reads_values and loss.item() < 0:  # `aten._local_scalar_dense`: no fake tensor answers it
+            raise AssertionError("a mean of squares is never negative")
+        return loss
+
+
+@pytest.mark.parametrize("device", ["h100", "a100"])
+def test_a_model_that_reads_values_is_profiled_in_the_device_presets_seconds(tmp_path, monkeypatch, device):
+    """[Note: a model fake tensors cannot run] in profile/resolve.py: only the values come from a
+    real run on this machine. Every layer's bytes and seconds equal those of the same model
+    without the host read, traced on fake tensors for the same `--device` preset (they were
+    this CPU's measured seconds, for a GPU plan)."""
+    from shardsched.profile.resolve import traced_or_measured
+    monkeypatch.setenv("SHARDSCHED_CACHE", str(tmp_path))
+    torch.manual_seed(0)
+    reads, plain, inputs = _Mlp(True), _Mlp(False), (torch.randn(8, 16),)
+    plain.load_state_dict(reads.state_dict())
+    got = traced_or_measured(reads, inputs, name="m", device=DEVICES[device], dtype="float32")
+    twin = trace_profile(plain, inputs, name="m", device=DEVICES[device])
+    note = [n for n in got.profile.extra["notes"] if "cannot run on fake tensors" in n]
+    assert len(note) == 1 and "_local_scalar_dense" in note[0] and "--device preset's" in note[0], note
+    assert got.profile.source == "traced"
+    def same(layers):  # the host read is one op more, in the code after `down`
+        return [dataclasses.replace(l, code_held={}, forward_ops=0) for l in layers]
+    assert same(got.profile.layers) == same(twin.layers)
+    assert [l.forward_ops for l in got.profile.layers] == [twin.layers[0].forward_ops, twin.layers[1].forward_ops + 1]
+    assert got.profile.layers[0].forward_seconds != trace_profile(
+        plain, inputs, name="m", device=DEVICES["a100" if device == "h100" else "h100"]).layers[0].forward_seconds
+    again = traced_or_measured(reads, inputs, name="m", device=DEVICES[device], dtype="float32")  # cached
+    assert again.profile == got.profile
