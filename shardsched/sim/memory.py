@@ -419,7 +419,8 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
                            act=live.activations(i) + sc.units[i].grad_in_bytes(),
                            comm=held_rs + live.unsharded[i] + live.pending_gathers(s, include_launched_here=False)))
     for gathered in (True, False):  # a repeated layer's earlier call ([Note: a repeated module's later calls])
-        recall = sc.units[i].recall_bytes(sc.state.unsharded_grad, checkpointed=sc.ckpt(i), gathered=gathered)
+        recall = sc.units[i].recall_bytes(sc.state.unsharded_grad, checkpointed=sc.ckpt(i), gathered=gathered,
+                                              inner=not live.ddp)
         if recall:  # (on DDP too: autograd holds the accumulated gradient; nothing is gathered)
             moments.append(_mb(live, unsharded=unsharded, grads=grads, act=act + recall,
                                comm=held_rs + (live.agbuf[i] if gathered else 0) + pending))

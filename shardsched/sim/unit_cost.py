@@ -129,27 +129,23 @@ class UnitCost:
         out = self.layer_bytes[-1].out if self.layer_bytes else 0
         return out - self.outside_activation_bytes
 
-    def recall_bytes(self, grad_bytes: float, *, checkpointed: bool, gathered: bool) -> int:
+    def recall_bytes(self, grad_bytes: float, *, checkpointed: bool, gathered: bool, inner: bool = True) -> int:
         """Its own bytes in the backward of a repeated layer's earlier call ([Note: a repeated
         module's later calls] in plan/units.py); 0 when no layer of it repeats. Next to the
         activations (kept bytes when checkpointed) of the layers before it and of its calls not
         yet done, the gradient its done calls accumulated and the layers after it's gradients
         (unsharded: an upper bound of their ReduceScatter input and shards): as FSDP2 gathers it
         again (`gathered`), the gradient of the call's output; as the call computes, its
-        workspace (checkpointed: the call recomputed, `LayerBytes.redo`)."""
+        workspace (checkpointed: the call recomputed, `recall_redo`). `inner`: a layer before
+        the unit's last is one of `inner_moments` (its later layers as they are: reduced), so
+        only a repeated last layer is counted here (DDP, which has no inner moments: `False`)."""
         reps = [k for k, b in enumerate(self.layer_bytes) if b.calls > 1]
-        if not reps:
+        if not reps or (inner and reps[-1] + 1 < len(self.layer_bytes)):
             return 0
         k, bs = reps[-1], self.layer_bytes
-        b = bs[k]
         before = sum(x.kept if checkpointed else x.act for x in bs[:k])
         later = sum(int(x.params * grad_bytes) for x in bs[k + 1:])
-        own = b.kept if checkpointed else b.act
-        if gathered:
-            own += b.out - own // b.calls
-        else:
-            own = (b.redo if checkpointed else own - own // b.calls) + b.recall_ws
-        return before + own + int(b.params * grad_bytes) + later
+        return before + _recall_own(bs[k], checkpointed, gathered) + int(bs[k].params * grad_bytes) + later
 
     def handed_over_bytes(self) -> int:
         """Of its input, what the plain trace counts as saved by the layer before it (a ReLU's,
@@ -268,6 +264,9 @@ class UnitCost:
                 # the gradient of its output has arrived: live as it gathers
                 out["regather", k] = Inner(before + (b.kept if checkpointed else b.act) + b.out,
                                            k + 1, k, True)
+                if b.calls > 1:  # a repeated layer's earlier call, its later layers reduced ([Note:
+                    for key, gathered in (("recall", True), ("recall_redo", False)):  # a repeated module's later calls])
+                        out[key, k] = Inner(before + _recall_own(b, checkpointed, gathered) + g, k + 1, k, gathered)
             # accumulating in place, the last layer (the first to reduce) added into the
             # gradients held whole; the layers after the unit's reduce make theirs anew
             out["reduce", k] = Inner((0 if in_place and k + 1 == len(layers) else g) + before, k, k, False, True)
@@ -310,6 +309,19 @@ class UnitCost:
         """Elements of the AllGather output / ReduceScatter input over n shards; the
         unsharded parameters are views into the AllGather output, so they occupy this too."""
         return n * self.shard_numel(n)
+
+
+def _recall_own(b, checkpointed: bool, gathered: bool) -> int:
+    """A repeated layer's own bytes in its earlier calls' backward (`UnitCost.recall_bytes`):
+    the saved (kept) bytes of the calls before, gathered beside the gradient of the call's
+    output; computing, its workspace beside the call (checkpointed: recomputed, next to the
+    kept inputs of the calls before it, one fewer than `LayerBytes.redo` holds at the last
+    call's: the later call's input went with its backward; a block run twice under +ckpt,
+    fused, was 3.2% over with it)."""
+    own = b.kept if checkpointed else b.act
+    if gathered:
+        return own + b.out - own // b.calls
+    return (b.redo - b.kept // b.calls if checkpointed else own - own // b.calls) + b.recall_ws
 
 
 def code_held_terms(units, i: int) -> list[tuple[int, int, int, int]]:
