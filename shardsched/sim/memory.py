@@ -133,8 +133,10 @@ def holds_root_grad(i: int, n: int, *, outside: bool = False) -> bool:
 #   unsharded gradient: in the reduce dtype (fp32, `FSDPParam.unsharded_accumulated_grad`,
 #   upcast from bf16 after each backward) or, when there is none, in `unsharded_param.grad`,
 #   where autograd accumulates in place. Unpadded: gradients as autograd produces them. A
-#   non-last micro-batch holds them all (the last has reduced the units behind it, a shard
-#   each, never more).
+#   middle micro-batch holds them all (the last has reduced the units behind it, a shard
+#   each, never more). Accumulating 2 there is none: in a unit's backward the first holds the
+#   gradients of the units behind it (nothing reduced, no shard), the last those of the units
+#   not yet reduced (a Mixer accumulating 2 under full_shard+ckpt was 3.3% over with them all).
 # A plan on DDP reducing every micro-batch accumulates in its buckets, already counted whole;
 # under `no_sync` (GradSync.LAST) autograd accumulates in each parameter's `.grad` beside the
 # bucket, which DDP fills only at the last micro-batch (a CNN accumulating 2: 6.7% under
@@ -166,22 +168,30 @@ def reduce_moment_bytes(unit, n: int, *, reduce: int, grad: int, own_grad: int) 
     return rs * reduce + max(0, rs // n * reduce + last * grad - own_grad)
 
 
-def in_place_reduce_bytes(unit, rs: list[int], shard_bytes: int, reduce: int) -> tuple[int, int]:
+def in_place_reduce_bytes(unit, rs: list[int], shard_bytes: int, reduce: int) -> tuple[int, int, int]:
     """Accumulating in place (`Scenario.accumulates_in_place`), what a fused unit's inner moments
     hold beyond the unsharded gradients `accumulation_bytes` counts whole, as (at its first
-    module's reduce, at every later moment). Before the last micro-batch nothing is reduced
-    (0); in it every parameter of the unit has a gradient at its first module's post-backward,
-    so FSDP2 reduces the whole unit there (its ReduceScatter input padded, next to the unsharded
-    gradients it copies), then holds that input and the unit's shards, its unsharded gradients
-    freed (FSDPMemTracker on a fused CNN accumulating 3: 5% under with per-layer inputs)."""
+    module's reduce, until its next module reduces, after that less that module's input). Before
+    the last micro-batch nothing is reduced (0); in it every parameter of the unit has a gradient
+    at its first module's post-backward, so FSDP2 reduces the whole unit there (its ReduceScatter
+    input padded, next to the unsharded gradients it copies), then holds that input and the
+    unit's shards, its unsharded gradients freed (FSDPMemTracker on a fused CNN accumulating 3:
+    5% under with per-layer inputs). Each later module's post-backward reduces only the gradient
+    its backward just made (`FSDPParamGroup.post_backward`: the accumulated ones are gone), and
+    the whole input goes with that reduce: from then on the layer's own input is held (a fused
+    Mixer under replicate accumulating 2 was 7.9% over with the whole one held to the end)."""
     whole = sum(rs)
-    return whole, max(0, whole + shard_bytes - unit.params * reduce)
+    freed = shard_bytes - unit.params * reduce
+    return whole, max(0, whole + freed), freed
 
 
-def in_place_held(first_reduce: int, after: int, m, last: int) -> int:
+def in_place_held(first_reduce: int, after: int, freed: int, m, last: int, rs: list[int]) -> int:
     """`in_place_reduce_bytes` of inner moment m (`UnitCost.inner_moments`) of a unit whose last
-    layer is `last`: the first module's reduce is its last layer's."""
-    return first_reduce if m.reducing == m.done == last else after
+    layer is `last` and whose layers' ReduceScatter inputs are `rs`: the first module's reduce is
+    its last layer's."""
+    if m.reducing == last:
+        return first_reduce if m.done == last else after
+    return rs[m.reducing] + freed
 
 
 def accumulation_bytes(sc: Scenario, live: "_Live", s: int) -> int:
@@ -194,6 +204,9 @@ def accumulation_bytes(sc: Scenario, live: "_Live", s: int) -> int:
         return trainable * sc.state.unsharded_grad if sc.grad_sync is GradSync.LAST else 0
     if sc.grad_sync is GradSync.EVERY:
         return sum(live.tshard) * sc.state.grad - live.sharded_grads(s) + live.all_reduce_held(s)
+    if sc.accumulation == 2 and s >= sc.n:  # no middle micro-batch: the first's or the last's
+        ended = sum(u.trainable(u.params) for u in sc.units[2 * sc.n - s:]) * sc.state.reduce
+        return max(0, ended - live.sharded_grads(s), trainable * sc.state.reduce - ended)
     return max(0, trainable * sc.state.reduce - live.sharded_grads(s))
 
 
@@ -323,7 +336,7 @@ class _Live:
         if sc.accumulates_in_place:
             held = in_place_reduce_bytes(sc.units[i], rs, self.shard[i] * sc.state.grad, sc.state.reduce)
             last = len(sc.units[i].layers) - 1
-            return [(m.own, in_place_held(*held, m, last), 0, ag(m), freed(m)) for m in moments]
+            return [(m.own, in_place_held(*held, m, last, rs), 0, ag(m), freed(m)) for m in moments]
         return [(m.own, rs[m.reducing], done[m.done], ag(m), freed(m)) for m in moments]
 
 

@@ -263,6 +263,9 @@ def with_accumulation(p: Problem, G: np.ndarray, moments: list[float], strategie
     held = G[0] if p.grad_sync is GradSync.EVERY else sum(u.params for u in p.costs) * state_bytes(
         p.precision, p.optimizer).reduce
     extra = held - counted
+    if p.grad_sync is GradSync.LAST and p.accumulation == 2:  # the first micro-batch's or the last's
+        ended = np.cumsum([0.0] + [u.params for u in p.costs[::-1]])[:n] * state_bytes(p.precision, p.optimizer).reduce
+        extra[n:2 * n] = np.maximum(ended - G[1:][::-1], held - ended)  # unit n-1 .. 0: its backward
     if p.grad_sync is GradSync.EVERY and any(map(all_reduces, strategies)):
         extra = extra + np.concatenate([np.zeros(n), all_reduce_held(p, strategies)[1:][::-1], [0.0]])
     extra[-1] = 0.0

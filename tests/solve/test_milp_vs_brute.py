@@ -14,7 +14,7 @@ from shardsched.solve.brute import brute_all
 from shardsched.solve.candidates import Choice, candidate_problems
 from shardsched.solve.greedy import Evaluator, greedy, least_memory
 from shardsched.plan.spec import parse_strategy_spec
-from shardsched.core.types import Optimizer, Precision, Strategy
+from shardsched.core.types import GradSync, Optimizer, Precision, Strategy
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.sim.memory import step_memory
 from shardsched.sim.timeline import replay
@@ -118,6 +118,18 @@ def test_memory_rows_and_evaluator_match_simulator():
     for p in candidate_problems(synth(5, 5), CLUSTER, **KW)[:5]:
         b, ev = milp._Build(p, budget=1 << 40, ahead=p.n, t_ub=None), Evaluator(p)
         for _ in range(20):
+            check_rows_and_evaluator(p, b, ev, random_choice(p, r))
+
+
+@pytest.mark.parametrize("accumulation, sync", [(2, GradSync.LAST), (3, GradSync.LAST), (2, GradSync.EVERY)])
+def test_memory_rows_and_evaluator_match_simulator_accumulating(accumulation, sync):
+    """Accumulating 2 under `last` a backward step holds the first micro-batch's gradients or the
+    last's (two rows in the MILP, [Note: accumulation memory]); 3, the middle one's."""
+    r = random.Random(accumulation)
+    for p in candidate_problems(synth(5, 5), CLUSTER, **KW)[:4]:
+        p = p._replace(accumulation=accumulation, grad_sync=sync)
+        b, ev = milp._Build(p, budget=1 << 40, ahead=p.n, t_ub=None), Evaluator(p)
+        for _ in range(10):
             check_rows_and_evaluator(p, b, ev, random_choice(p, r))
 
 

@@ -206,7 +206,7 @@ def _inner(c, sb, cl, unsh: dict, in_place: bool = False, sharded: bool = False)
     out = []
     for key in sorted(set(plain) | set(ck)):
         m = plain.get(key) or ck[key]
-        per = {k: (in_place_held(*held[k], m, len(c.layers) - 1) if held else rs[k][m.reducing] + done[k][m.done])
+        per = {k: (in_place_held(*held[k], m, len(c.layers) - 1, rs[k]) if held else rs[k][m.reducing] + done[k][m.done])
                + (forward_gathers(c, k) * unsh[k] if m.gathered else 0) - (unsh[k] if m.resharded else 0) for k in ks}
         out.append((plain[key].own if key in plain else None, ck[key].own if key in ck else None, per))
     return out

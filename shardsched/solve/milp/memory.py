@@ -182,12 +182,12 @@ class _MemoryRows:
         if gate:  # counts only for those strategies: gate with big-M on their z
             own = self.zexpr(i, {k: ((2 * c.unsh_by[i][k] + c.held[i][k]) * g if k.gathers_for_backward else 0.0)
                                  for k in self.z[i]})
-            terms = _add(_add(_add(_add(live, a1), self._pending(s, inclusive=False)), held_rs), own)
-            more, extra = self._accumulation(s)
-            terms, const = _add(terms, more), k1 + (inp + self.p.costs[i].grad_in_bytes()) * g + extra
+            base = _add(_add(_add(_add(live, a1), self._pending(s, inclusive=False)), held_rs), own)
             big = self._bytes_bound() * g  # more than any moment can hold
-            self.m.row(_add(terms, {v: big for v in gate}), hi=cap - const + big)
-            self.mem_rows.append((s, terms, const, tuple(gate)))
+            for more, extra in self._accumulation(s):
+                terms, const = _add(base, more), k1 + (inp + self.p.costs[i].grad_in_bytes()) * g + extra
+                self.m.row(_add(terms, {v: big for v in gate}), hi=cap - const + big)
+                self.mem_rows.append((s, terms, const, tuple(gate)))
 
     def _ck_term(self, i: int, delta: float, selective: float = 0.0) -> dict:
         """`delta` bytes (in GiB) when unit i is checkpointed, `selective` when it is checkpointed
@@ -217,24 +217,29 @@ class _MemoryRows:
         return (sum(sh[REP] for sh in c.shard) * c.state.at_rest + 3 * sum(c.unsharded) + sum(c.act)
                 + max(c.ws) + max(c.rsbuf) + max(c.ugrad) + c.input_bytes)
 
-    def _accumulation(self, s: int) -> tuple[dict, float]:
+    def _accumulation(self, s: int) -> list[tuple[dict, float]]:
         """The gradients of earlier micro-batches at step s (`sim.memory.accumulation_bytes`):
         all units' reduced gradients (every) or unsharded ones (last), less what the
-        moments of step s count already (G[i+1] in unit i's backward)."""
+        moments of step s count already (G[i+1] in unit i's backward); accumulating 2 under
+        last, in a backward step, the first micro-batch's and the last's: one row each."""
         n, p = self.n, self.p
         if p.accumulation <= 1 or s >= 2 * n:
-            return {}, 0.0
+            return [({}, 0.0)]
         counted = {self.G[2 * n - s]: -1.0} if s >= n else {}  # G[i+1], i = 2n-1-s
         if p.grad_sync is GradSync.EVERY:  # and the all-reducing units' kept buffers (`_Live.all_reduce_held`)
             held = {}
             for j in (j for j in range(2 * n - s, n) if any(map(all_reduces, self.z[j]))) if s >= n else ():
                 held = _add(held, self.zexpr(j, {k: self.c.shard[j][k] * self.c.state.reduce / GiB if all_reduces(k)
                                                  else 0.0 for k in self.z[j]}))
-            return _add(_add({self.G[0]: 1.0}, counted), held), 0.0
-        return counted, sum(u.params for u in p.costs) * self.c.state.reduce / GiB
+            return [(_add(_add({self.G[0]: 1.0}, counted), held), 0.0)]
+        total = sum(u.params for u in p.costs) * self.c.state.reduce / GiB
+        if p.accumulation == 2 and s >= n:
+            ended = sum(u.params for u in p.costs[2 * n - s:]) * self.c.state.reduce / GiB
+            return [(counted, ended), ({}, total - ended)]
+        return [(counted, total)]
 
     def _mem(self, s: int, terms: dict, const: float, cap: float) -> None:
-        more, extra = self._accumulation(s)  # [Note: accumulation memory] in sim/memory.py
-        terms, const = _add(terms, more), const + extra
-        self.m.row(terms, hi=cap - const)  # terms + const <= cap
-        self.mem_rows.append((s, terms, const, None))
+        for more, extra in self._accumulation(s):  # [Note: accumulation memory] in sim/memory.py
+            row, k = _add(terms, more), const + extra
+            self.m.row(row, hi=cap - k)  # terms + const <= cap
+            self.mem_rows.append((s, row, k, None))
