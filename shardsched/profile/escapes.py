@@ -68,6 +68,9 @@ class Escapes(TorchDispatchMode):
         """Layers whose code read a child's parameter outside the child: never split into children."""
         self.aliased: set[str] = set()
         """Layers given one floating tensor at two arguments: joined into their parent (`join_aliased`)."""
+        self.between: set[str] = set()
+        """Layers called again after another layer ran: no layers ([Note: a repeated layer between
+        other layers] in profile/trace.py); the run sets it."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.owned and not L.recomputing():  # a recomputation reads its layer's parameters in backward
@@ -94,7 +97,7 @@ def settled_layers(model: nn.Module, names: list[str], run: Callable[[list[str]]
     its layer])."""
     seen = run(names)
     for _ in range(ROUNDS - 1):
-        joined = join_aliased(model, names, seen.aliased)
+        joined = [n for n in join_aliased(model, names, seen.aliased) if n not in seen.between]
         if not seen.params and joined == names:
             break
         names = [n for n in L.isolate(model, joined, seen.params) if n != L.ROOT]

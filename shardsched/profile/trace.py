@@ -354,9 +354,13 @@ def _code_held(name: str, st: Stats) -> dict:
 # the chain of units: its backward runs at each call's place, around the layers between, which
 # a unit before or after them cannot express (an auto plan that checkpointed L0 as a unit of its
 # own was 22% under its verified peak, L1's activations live through L0's second backward). Its
-# parameters go to the root, its work to the layer before it (`fold`), as code between layers:
-# an upper bound (+15% on full_shard), where ALBERT's block, called n times in a row, is one
-# layer ([Note: repeated modules] in plan/units.py).
+# parameters go to the root, and it is traced again as no layer (`Escapes.between`): each
+# call's work is code between layers, the outside code of the layer before that call, its
+# backward where that call's runs. Folded whole into the layer before its first call instead
+# (`fold`, still the answer past the rounds `settled_layers` allows), its later calls'
+# activations were charged live through the backward of the layers between (an encoder
+# [L0, L1, L0] fused under auto: +3.6%; +15% on full_shard). ALBERT's block, called n times in
+# a row, is one layer ([Note: repeated modules] in plan/units.py).
 
 
 def _unique(params) -> list[nn.Parameter]:
@@ -388,6 +392,7 @@ def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
             tracer = _run(model, inputs, traced, {n: children[n] for n in traced}, DTYPES[compute_dtype],
                           real=tensors == "real")
         last.update(tracer=tracer, children=children, stacks=stacks)
+        tracer.escapes.between = {n for n in traced if tracer.sequence.count(n) > 1}
         return tracer.escapes
 
     names, escapes = settled_layers(model, [n for n in L.candidates(model, layers) if n != L.ROOT], run)

@@ -70,12 +70,22 @@ def test_frozen_parameters_hold_no_gradient_and_no_adam_state():
 @pytest.mark.parametrize("strategy", ["full_shard", "full_shard+ckpt"])
 def test_layer_object_at_two_places_is_an_upper_bound(strategy):
     """[Note: a repeated layer between other layers] in profile/trace.py: the root holds the
-    object called around other layers; never under (a unit of its own was 22% under), +10.7%
-    over now (+15% before)."""
+    object called around other layers, each call's work the code after the layer before it;
+    never under (a unit of its own was 22% under), +2.1% over now (+10.7% with every call's work
+    folded into the layer before its first, +15% before that)."""
     model, inputs = um.build_shared()
     plan = plan_model(model, inputs, world=4, strategy=strategy, headroom="0")
     err = plan.predicted.peak_bytes / plan.verified.peak_bytes - 1
-    assert 0 <= err <= 0.11, (strategy, err)
+    assert 0 <= err <= 0.025, (strategy, err)
+
+
+def test_an_encoder_reusing_a_layer_object_after_another_layer():
+    """Generated case 1040 (`bench_verify.py --no-presets --cases 80 --seed 1000`): an encoder
+    `[L0, L1, L0]` fused under auto at world 64 was +3.6% over its verified peak after the closed
+    loop planned it again (L0's second call charged through L1's backward); each call's work is
+    now the code after the layer before it: within 0.1%, planned once."""
+    got = verified_case(*draw_case(1040, extended=True))
+    assert abs(got["error"]) <= 0.001 and not got["replanned"], got
 
 
 SAMPLE_TOL = TOL
