@@ -99,12 +99,13 @@ def traced_or_measured(model, inputs: tuple, *, name: str, device: DeviceSpec, d
     from shardsched.profile.trace import Untraceable, trace_profile  # imports torch: only for code models
     from shardsched.profile import cache
 
-    def trace(tensors: str = "fake", model=model, inputs=inputs) -> Profile:
-        return trace_profile(model, inputs, name=name, device=device, compute_dtype=dtype, tensors=tensors)
+    def traced(tensors: str, model, inputs, *key_parts) -> Profile:
+        key = cache.model_key(model, inputs, name, repr(device), dtype, *key_parts)
+        return cache.cached("traced", key, lambda: trace_profile(model, inputs, name=name, device=device,
+                                                                 compute_dtype=dtype, tensors=tensors),
+                            to_text=Profile.to_json, from_text=Profile.from_json)
     try:  # [Note: the profile cache]: a second plan of the same model skips the trace
-        key = cache.model_key(model, inputs, name, repr(device), dtype)
-        return Profiled(cache.cached("traced", key, trace, to_text=Profile.to_json, from_text=Profile.from_json),
-                        model, inputs)
+        return Profiled(traced("fake", model, inputs), model, inputs)
     except Untraceable as why:
         if any(p.device.type == "meta" for p in model.parameters()):
             if real is None:
@@ -112,9 +113,7 @@ def traced_or_measured(model, inputs: tuple, *, name: str, device: DeviceSpec, d
             model, inputs = real()
         op = str(why).split(": ", 1)[1].split("; accepted")[0] if ": " in str(why) else str(why)
     try:
-        key = cache.model_key(model, inputs, name, repr(device), dtype, "real", cache.values_digest(model, inputs))
-        profile = cache.cached("traced", key, lambda: trace("real", model, inputs),
-                               to_text=Profile.to_json, from_text=Profile.from_json)
+        profile = traced("real", model, inputs, "real", cache.values_digest(model, inputs))
         note = (f"profiled by running the model on real tensors on this machine (it cannot run on fake tensors: "
                 f"{op[:160]}): bytes and FLOPs traced, times the --device preset's")
     except Untraceable:

@@ -168,10 +168,10 @@ def reduce_moment_bytes(unit, n: int, *, reduce: int, grad: int, own_grad: int) 
     return rs * reduce + max(0, rs // n * reduce + last * grad - own_grad)
 
 
-def in_place_reduce_bytes(unit, rs: list[int], shard_bytes: int, reduce: int) -> tuple[int, int, int]:
+def in_place_reduce_bytes(unit, rs: list[int], shard_bytes: int, reduce: int) -> tuple[int, int]:
     """Accumulating in place (`Scenario.accumulates_in_place`), what a fused unit's inner moments
     hold beyond the unsharded gradients `accumulation_bytes` counts whole, as (at its first
-    module's reduce, until its next module reduces, after that less that module's input). Before
+    module's reduce, what the reduce frees and leaves beyond its input: `in_place_held`). Before
     the last micro-batch nothing is reduced (0); in it every parameter of the unit has a gradient
     at its first module's post-backward, so FSDP2 reduces the whole unit there (its ReduceScatter
     input padded, next to the unsharded gradients it copies), then holds that input and the
@@ -180,17 +180,15 @@ def in_place_reduce_bytes(unit, rs: list[int], shard_bytes: int, reduce: int) ->
     its backward just made (`FSDPParamGroup.post_backward`: the accumulated ones are gone), and
     the whole input goes with that reduce: from then on the layer's own input is held (a fused
     Mixer under replicate accumulating 2 was 7.9% over with the whole one held to the end)."""
-    whole = sum(rs)
-    freed = shard_bytes - unit.params * reduce
-    return whole, max(0, whole + freed), freed
+    return sum(rs), shard_bytes - unit.params * reduce
 
 
-def in_place_held(first_reduce: int, after: int, freed: int, m, last: int, rs: list[int]) -> int:
+def in_place_held(whole: int, freed: int, m, last: int, rs: list[int]) -> int:
     """`in_place_reduce_bytes` of inner moment m (`UnitCost.inner_moments`) of a unit whose last
     layer is `last` and whose layers' ReduceScatter inputs are `rs`: the first module's reduce is
-    its last layer's."""
+    its last layer's; the whole input is held until the next module reduces, its own after that."""
     if m.reducing == last:
-        return first_reduce if m.done == last else after
+        return whole if m.done == last else max(0, whole + freed)
     return rs[m.reducing] + freed
 
 
