@@ -33,6 +33,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from shardsched.profile.fake_rules import FakeRules, cold_fake_mode
+from shardsched.profile.trace_fake import hf_one_sequence_per_row
 from shardsched.core.types import GradSync, Plan, Verified
 from shardsched.runtime.ddp import runs_on_ddp
 from shardsched.runtime.memtrack import tracked_peak
@@ -155,7 +156,8 @@ def verify_plan(model: nn.Module, inputs: tuple, plan: Plan, *, tensors: str = "
         warnings.simplefilter("ignore")  # FSDP2's view warnings: the run is ours, not the user's
         if tensors == "fake":
             model, inputs = fake_copy(model, mode), fake_inputs(inputs, mode)
-        with mode, (FakeRules() if tensors == "fake" else contextlib.nullcontext()):
+        # [Note: HF causal masks on fake tensors]: the run builds no (batch, 1, T, T) mask either
+        with mode, (FakeRules() if tensors == "fake" else contextlib.nullcontext()), hf_one_sequence_per_row():
             peak, engine, unused = _run(model, inputs, plan, real=tensors == "real")
     return Verified(peak_bytes=peak.by_kind["Total"], peak_at=peak.at, engine=engine, tensors=tensors,
                     memory={k: v for k, v in peak.by_kind.items() if k != "Total" and v},

@@ -238,3 +238,20 @@ def test_a_checkpointed_rnn_keeps_its_input_beside_what_it_recomputes(build):
     real = measured_peak(copy.deepcopy(model), inputs, plan)
     assert plan.verified.peak_at == "backward of rnn"
     assert abs(plan.predicted.peak_bytes / real - 1) < 0.001, (plan.predicted.peak_bytes, real)
+
+
+def test_an_hf_decoder_is_verified_as_it_runs_with_no_explicit_causal_mask():
+    """transformers builds an explicit (batch, 1, T, T) mask when it cannot read the position ids
+    (fake tensors), and SDPA then saves a converted copy per layer and repeats K/V for GQA; the run
+    (real tensors) builds neither. Verification ran the other program: an HF Llama-2-7b plan at
+    world 64 verified 2.8% above its prediction and was planned again ([Note: HF causal masks on
+    fake tensors]). Now the fake run, the real run and the prediction agree."""
+    from shardsched.models.spec import parse_model_spec
+    from shardsched.profile.resolve import build_model
+    spec = parse_model_spec("hf:meta-llama/Llama-2-7b-hf,num_hidden_layers=2,hidden_size=64,intermediate_size=128,"
+                            "num_attention_heads=4,num_key_value_heads=2,vocab_size=512")
+    model, inputs = build_model(spec, micro_batch=2, seq=256, measure=True)
+    plan = plan_model(model, inputs, world=4, strategy="full_shard", precision="fp32")
+    real = measured_peak(copy.deepcopy(model), inputs, plan)
+    assert abs(plan.verified.peak_bytes / real - 1) < 0.001, (plan.verified.peak_bytes, real)
+    assert abs(plan.predicted.peak_bytes / real - 1) < 0.001, (plan.predicted.peak_bytes, real)
