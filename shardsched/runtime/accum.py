@@ -79,9 +79,17 @@ def forward_backward(model: torch.nn.Module, micro_batches: list[tuple], *, grad
     k = len(micro_batches)
     total = torch.zeros(())
     for i, inputs in enumerate(micro_batches):
-        if k > 1 and grad_sync is GradSync.LAST:
-            model.set_requires_gradient_sync(i == k - 1)  # see [Note: when gradients are reduced]
-        loss = loss_of(model(*inputs))
-        (loss / k).backward()  # 1/K: the mean over all K*micro_batch rows, as one big batch
-        total = total.to(loss.device) + loss.detach()
+        loss = micro_step(model, inputs, i, k, grad_sync=grad_sync, loss_of=loss_of)
+        total = total.to(loss.device) + loss
     return total / k
+
+
+def micro_step(model: torch.nn.Module, inputs: tuple, i: int, k: int, *, grad_sync: GradSync,
+               loss_of=lambda x: x) -> torch.Tensor:
+    """Forward and backward of micro-batch `i` of `k` (its gradient added to `.grad`); its loss,
+    detached. Alone for memory trackers, which take each forward of the root as an iteration."""
+    if k > 1 and grad_sync is GradSync.LAST:
+        model.set_requires_gradient_sync(i == k - 1)  # see [Note: when gradients are reduced]
+    loss = loss_of(model(*inputs))
+    (loss / k).backward()  # 1/K: the mean over all K*micro_batch rows, as one big batch
+    return loss.detach()

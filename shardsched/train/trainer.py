@@ -31,7 +31,7 @@ from shardsched.errors import UsageError
 from shardsched.core.types import GradSync, Plan
 from shardsched.train import checkpoint as ckpt
 from shardsched.train import interrupt
-from shardsched.runtime.accum import Accumulation, forward_backward, split_micro_batches
+from shardsched.runtime.accum import Accumulation, forward_backward, micro_step, split_micro_batches
 from shardsched.runtime.scalars import optimizer_param_groups
 from shardsched.train.config import TrainConfig
 from shardsched.train.task import Task, build, check_loss, make_task, to_device
@@ -230,11 +230,14 @@ def _measure_cpu_peak(run: _Run) -> int | None:
     batches = [split_micro_batches(run.task.train_batch(s, run.rank, world), run.accum.steps)
                for s in range(MEASURED_STEPS)]
 
-    def step(i: int) -> None:  # the training step's arithmetic, accumulation included
-        forward_backward(model, batches[i], grad_sync=run.accum.grad_sync)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-    return tracked_peak_bytes(model, opt, step, steps=MEASURED_STEPS, inputs=batches[0][0])["Total"]
+    k = run.accum.steps
+
+    def step(i: int) -> None:  # the training step's arithmetic, one micro-batch a call (`micro_step`)
+        micro_step(model, batches[i // k][i % k], i % k, k, grad_sync=run.accum.grad_sync)
+        if i % k == k - 1:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return tracked_peak_bytes(model, opt, step, steps=MEASURED_STEPS * k, inputs=batches[0][0])["Total"]
 
 
 def _measure_cpu_peak_or_warn(run: _Run) -> int | None:

@@ -6,7 +6,7 @@ RNN kernels, `nn.TransformerEncoderLayer`'s fast paths, scatter) hold tensors no
 moment foresaw. So the plan is run: the same `runtime.parallelize` a training run uses, on
 fake tensors (`FakeTensorMode`: shapes and dtypes, no storage, so a 70B model at world 512
 verifies on a laptop) over PyTorch's fake process group at the plan's world, one whole step
-(every micro-batch, backward, the optimizer step) counted by `FSDPMemTracker`, as
+(its micro-batches, backward, the optimizer step) counted by `FSDPMemTracker`, as
 torchtitan's memory estimator does (torchtitan/scripts/estimate/estimation.py).
 
   `fake`     fake copies of a model and its inputs, or the model built under fake tensors

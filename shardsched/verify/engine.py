@@ -3,8 +3,8 @@
 `verify_plan(model, inputs, plan)` applies `plan` with the runtime's own `parallelize` to a
 fake copy of `model` (`verify.fake`) on PyTorch's fake process group at `plan.world` (every
 collective returns at once, each output allocated as the real one is), runs one whole
-training step as the trainer runs it (every micro-batch of an accumulating plan, backward, the
-optimizer's step and `zero_grad(set_to_none=True)`), entered with the optimizer's state alive
+training step as the trainer runs it (the micro-batches of an accumulating plan, [Note: the
+middle micro-batches are one], backward, the optimizer's step and `zero_grad(set_to_none=True)`), entered with the optimizer's state alive
 ([Note: the optimizer's state without a first step]), and returns `core.types.Verified`:
 FSDPMemTracker's peak and where it happened. Every rank of a data-parallel plan runs the same
 program on the same shapes, so rank 0's peak is every rank's (`tests/verify` compares real gloo runs).
@@ -16,6 +16,14 @@ the buckets are the gradients, allocated once and kept across steps; the plain m
 every gradient allocated up front and zeroed in place stands for it (MemTracker, as the
 runtime's own measurement of DDP plans, `runtime.memtrack`).
 
+[Note: the middle micro-batches are one]
+An accumulating step's micro-batches differ in what exists when they start, not in what they
+run: the first allocates the gradients (sharded under `every`, unsharded under `last`), the
+last reduces them under `last`, and every one between starts from the state the second started
+from (the same gradients, added to in place) and leaves it so. Their peaks are the second's, to
+the byte, so the run makes the first, one middle and the last micro-batch: a step of 32 costs 3
+(tests/verify/test_engine.py runs both and compares).
+
 [Note: the fake world is this process's own]
 The fake process group becomes the default group for the run and is destroyed after it, so
 verification needs a process with no process group of its own (the `plan` command, a user's
@@ -26,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -78,21 +86,42 @@ def _loss(out) -> torch.Tensor:
     return loss_of(out)
 
 
-def training_step(model: nn.Module, opt, inputs: tuple, plan: Plan,
-                  seen: Callable[[nn.Module], None] = lambda m: None) -> Callable[[int], None]:
-    """`step(i)`: one optimizer step of `plan.accumulation` micro-batches (`runtime.accum`);
-    `seen(model)` after the backward of the first step, before the gradients are freed. `opt`:
-    a torch.optim optimizer, or verification's `LocalShardOptimizer`."""
-    from shardsched.runtime.accum import forward_backward
-    k = plan.accumulation
+def run_micro_batches(accumulation: int) -> int:
+    """How many micro-batches of an accumulating step the run makes ([Note: the middle
+    micro-batches are one]): all of them up to 3, else the first, one middle one and the last."""
+    return min(accumulation, 3)
 
-    def step(i: int) -> None:
-        forward_backward(model, [inputs] * k, grad_sync=plan.grad_sync if k > 1 else GradSync.EVERY, loss_of=_loss)
-        if i == 0:
+
+class TrainingSteps(NamedTuple):
+    """A training step cut where a memory tracker needs it: `run(i)` runs micro-batch
+    i % per_step of optimizer step i // per_step (and the optimizer after the last)."""
+
+    run: Callable[[int], None]
+    per_step: int
+
+
+def training_step(model: nn.Module, opt, inputs: tuple, plan: Plan,
+                  seen: Callable[[nn.Module], None] = lambda m: None) -> TrainingSteps:
+    """One optimizer step of `plan.accumulation` micro-batches (`runtime.accum`, [Note: the
+    middle micro-batches are one]), one micro-batch a call: FSDPMemTracker takes a second
+    forward of the root as a second iteration; `seen(model)` after the backward of the first
+    step, before the gradients are freed. `opt`: a torch.optim optimizer, or verification's
+    `LocalShardOptimizer`. The plain model standing for DDP has no `set_requires_gradient_sync`
+    and needs none: its buckets are its gradients ([Note: plans that run on DDP, verified without DDP])."""
+    from shardsched.runtime.accum import micro_step
+    k = run_micro_batches(plan.accumulation)
+    sync = plan.grad_sync if hasattr(model, "set_requires_gradient_sync") else GradSync.EVERY
+
+    def run(i: int) -> None:
+        j = i % k
+        micro_step(model, inputs, j, k, grad_sync=sync, loss_of=_loss)
+        if j < k - 1:
+            return
+        if i == k - 1:
             seen(model)
         opt.step()
         opt.zero_grad(set_to_none=not getattr(model, "_shardsched_bucket_view", False))
-    return step
+    return TrainingSteps(run, k)
 
 
 def _initial_state(model: nn.Module, opt: LocalShardOptimizer, *, ddp: bool) -> None:
@@ -141,8 +170,8 @@ def _run(model: nn.Module, inputs: tuple, plan: Plan, *, real: bool = False) -> 
         unused.extend(n for n, p in m.named_parameters() if p.requires_grad
                       and (id(p) not in got if ddp else p.grad is None))
 
-    step = training_step(model, opt, inputs, plan, seen=seen)
-    peak = tracked_peak(model, opt.inner, step, steps=STEPS, inputs=inputs)
+    steps = training_step(model, opt, inputs, plan, seen=seen)
+    peak = tracked_peak(model, opt.inner, steps.run, steps=STEPS * steps.per_step, inputs=inputs)
     return peak, ("ddp" if ddp else "fsdp2"), unused
 
 

@@ -20,8 +20,8 @@ def run_case(ctx, spec: str, plan: Plan) -> int:
     model, inputs = parse_model_spec(spec).builder()
     model = parallelize(model, plan, mesh=ctx.mesh)
     opt = torch.optim.AdamW(optimizer_param_groups(model), lr=1e-3, foreach=True)
-    step = training_step(model, opt, inputs, plan)
-    return tracked_peak(model, opt, step, steps=2, inputs=inputs).by_kind["Total"]
+    steps = training_step(model, opt, inputs, plan)
+    return tracked_peak(model, opt, steps.run, steps=2 * steps.per_step, inputs=inputs).by_kind["Total"]
 
 
 def worst_worker(ctx, cases: list[tuple[str, str]], out: str) -> None:
