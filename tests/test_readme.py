@@ -3,10 +3,11 @@ directory that holds only what a clone has (`.venv`, `examples/`). Commands that
 `runs/...` path run in separate groups (each in README order, in its own directory), so that
 `pytest -n 2` runs them side by side.
 
-Only step counts are changed, to keep CI time sane: `--steps N` becomes max(2, N // 100),
+Only sizes are changed, to keep CI time sane: `--steps N` becomes max(2, N // 100),
 `--checkpoint-every N` becomes max(1, N // 100) (so the resume chain keeps its shape:
-checkpoints at 1, 2, 3, resumes to 4 and 5), and a `train` without `--steps` gets
-`--steps 2`. Worlds of 4 become 2 (`--nproc 4`, and `--world 4` of the plan the chain
+checkpoints at 1, 2, 3, resumes to 4 and 5), a `train` without `--steps` gets
+`--steps 2`, and a sweep `--budgets A:B:N` gets 3 budgets (each is planned and verified: a 7B
+model's twelve took 175 CPU s of the suite). Worlds of 4 become 2 (`--nproc 4`, and `--world 4` of the plan the chain
 resumes under), since 4 workers on CI's 2 cores only add start-up time. `make train` / `make test` are not run here: `make test` is this suite, and
 `make train` is `shardsched train`, which the list runs.
 """
@@ -42,6 +43,8 @@ def fewer_steps(command: str) -> str:
                      command)
     command = command.replace("--nproc 4", "--nproc 2").replace("--device cpu --world 4 --micro-batch 2",
                                                                 "--device cpu --world 2 --micro-batch 2")
+    command = re.sub(r"--budgets (\S+):(\S+):(\d+)", lambda m: f"--budgets {m.group(1)}:{m.group(2)}:{min(3, int(m.group(3)))}",
+                     command)
     if re.search(r"\btrain\b", command) and "--steps" not in command:
         command += " --steps 2"
     return command
@@ -56,6 +59,8 @@ def test_readme_lists_commands():
             path = re.search(rf"(?:^| ){re.escape(flag)} (\S+)", c)
             assert path is None or path.group(1).startswith("runs/"), c
     assert fewer_steps(".venv/bin/shardsched train") == ".venv/bin/shardsched train --steps 2"
+    assert fewer_steps("tradeoff --budgets 16GiB:80GiB:12 --csv runs/t.csv") == \
+        "tradeoff --budgets 16GiB:80GiB:3 --csv runs/t.csv"
 
 
 GROUPS = 4
