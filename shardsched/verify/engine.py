@@ -48,6 +48,7 @@ from shardsched.runtime.memtrack import tracked_peak
 from shardsched.runtime.parallelize import parallelize
 from shardsched.verify.chunks import chunks_on_demand
 from shardsched.verify.fake import fake_copy, fake_inputs
+from shardsched.verify.no_sync import with_no_sync
 from shardsched.verify.optimizer import LocalShardOptimizer
 from shardsched.verify.values import own_values
 
@@ -106,8 +107,9 @@ def training_step(model: nn.Module, opt, inputs: tuple, plan: Plan,
     middle micro-batches are one]), one micro-batch a call: FSDPMemTracker takes a second
     forward of the root as a second iteration; `seen(model)` after the backward of the first
     step, before the gradients are freed. `opt`: a torch.optim optimizer, or verification's
-    `LocalShardOptimizer`. The plain model standing for DDP has no `set_requires_gradient_sync`
-    and needs none: its buckets are its gradients ([Note: plans that run on DDP, verified without DDP])."""
+    `LocalShardOptimizer`. The plain model standing for DDP has `set_requires_gradient_sync` when
+    it accumulates under `last` ([Note: DDP's no_sync beside its buckets]); else it needs none,
+    its buckets being its gradients ([Note: plans that run on DDP, verified without DDP])."""
     from shardsched.runtime.accum import micro_step
     k = run_micro_batches(plan.accumulation)
     sync = plan.grad_sync if hasattr(model, "set_requires_gradient_sync") else GradSync.EVERY
@@ -163,6 +165,8 @@ def _run(model: nn.Module, inputs: tuple, plan: Plan, *, real: bool = False) -> 
             model = parallelize(model, plan, mesh=mesh)
     opt = LocalShardOptimizer(model, plan)
     _initial_state(model, opt, ddp=ddp)
+    if ddp and plan.accumulation > 1 and plan.grad_sync is GradSync.LAST:
+        with_no_sync(model)  # [Note: DDP's no_sync beside its buckets]
     got = _gradient_seen(model) if ddp else None
     unused: list[str] = []
 
