@@ -97,25 +97,25 @@ def _verify(subject: Subject, plan: Plan) -> Verified:
             raise Unverifiable("this process holds a process group and the model has no --model spec "
                                "to verify it elsewhere")
         return verify_elsewhere(subject.recipe, plan)
-    return _cached(subject, plan, lambda: _verify_here(subject, plan))
+    model, inputs = model_for(subject, plan)
+    return _cached(model, inputs, plan, lambda: _verify_here(subject, plan, model, inputs))
 
 
-def _cached(subject: Subject, plan: Plan, run: Callable[[], Verified]) -> Verified:
+def _cached(model, inputs: tuple, plan: Plan, run: Callable[[], Verified]) -> Verified:
     """`run()` through the profile cache, keyed by the model and the plan ([Note: the profile
-    cache] in profile/cache.py: a second plan of a model makes no fake tensors); subjects with
-    no model (analytic) are verified each time."""
+    cache] in profile/cache.py: a second plan of a model makes no fake tensors). A model built
+    from its spec (a preset, on the meta device) is keyed as built: the same spec, shape and code
+    give the same key, so a second `plan` of llama-7b skips its 11 CPU s run."""
     from shardsched.profile import cache
-    if subject.model is None:
-        return run()
-    key = cache.model_key(subject.model, subject.inputs, executed(plan).to_json())
+    key = cache.model_key(model, inputs, executed(plan).to_json())
     return cache.cached("verified", key, run, to_text=lambda v: json.dumps(to_dict(v)),
                         from_text=lambda t: from_dict(Verified, json.loads(t)))
 
 
-def _verify_here(subject: Subject, plan: Plan) -> Verified:
-    """One fake (or, for data-dependent models, real) run of `plan` in this process."""
+def _verify_here(subject: Subject, plan: Plan, model, inputs: tuple) -> Verified:
+    """One fake (or, for data-dependent models, real) run of `plan` in this process, on
+    `model_for(subject, plan)`."""
     from shardsched.verify.engine import verify_plan
-    model, inputs = model_for(subject, plan)
     try:
         return verify_plan(model, inputs, plan)
     except Exception as e:  # noqa: BLE001 - only data-dependent ops go on to a real run

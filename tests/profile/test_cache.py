@@ -100,3 +100,34 @@ def test_the_key_sees_a_plain_attribute_the_forward_reads():
     assert model_key(model, inputs) == plain
     model.eval()
     assert model_key(model, inputs) != plain
+
+
+def test_a_preset_plans_verification_is_cached_too(tmp_path, monkeypatch):
+    """A preset (an analytic profile; its model built on the meta device to verify) is keyed as
+    built: the second verification of the same plan runs nothing, another plan runs again."""
+    import dataclasses
+
+    from shardsched.models.spec import parse_model_spec
+    from shardsched.profile.resolve import build_model
+    from shardsched.solve.build import make_plan
+    from shardsched.core.types import Precision
+    from shardsched.cost.device import DEVICES, Cluster
+    from shardsched.profile.analytic import analytic_profile
+    from shardsched.verify import engine
+    from shardsched.verify.subject import Subject, verifier
+    monkeypatch.setenv("SHARDSCHED_CACHE", str(tmp_path / "cache"))
+    spec = parse_model_spec("tiny")
+    profile = analytic_profile(spec.config, micro_batch=2, seq=spec.config.seq, device=DEVICES["cpu"])
+    plan = make_plan(profile, Cluster(world=4, gpus_per_node=4, device=DEVICES["cpu"]), strategy="full_shard",
+                     precision=Precision.FP32, optimizer="adam")
+    runs = []
+    real_verify = engine.verify_plan
+    monkeypatch.setattr(engine, "verify_plan", lambda *a, **k: runs.append(1) or real_verify(*a, **k))
+
+    def build(*, micro_batch, seq, real):
+        return build_model(spec, micro_batch=micro_batch, seq=seq, measure=real)
+    first = verifier(Subject(None, (), build))(plan)
+    again = verifier(Subject(None, (), build))(dataclasses.replace(plan, notes=("another budget",)))
+    assert len(runs) == 1 and again == first
+    verifier(Subject(None, (), build))(dataclasses.replace(plan, micro_batch=1))
+    assert len(runs) == 2
