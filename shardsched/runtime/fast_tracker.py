@@ -9,13 +9,24 @@ README's `tradeoff --model llama-7b --world 64`: 43 of its 70 s of verification)
 running modules only, through an index from name to stats rebuilt whenever a module is added
 or collected: the same updates, so the same peaks and snapshots
 (`tests/runtime/test_fast_tracker.py` compares them with the stock trackers').
+
+[Note: inputs walked, not rebuilt]
+Both trackers count a module's inputs and outputs with `tree_map_only(torch.Tensor, f, args)`
+where `f` returns None, so pytree rebuilds every container around None leaves. A namedtuple
+whose constructor checks its fields cannot be rebuilt so: an `nn.GRU` fed a `PackedSequence`
+(`pack_padded_sequence`) raised "Expected data to be a list or tuple of length 2" in
+MemTracker's pre-forward hook, and a DDP plan of such a model was refused as failing its step.
+The subclasses walk the leaves (`tree_leaves`) and count the same storages.
 """
 from __future__ import annotations
 
 from copy import deepcopy
 
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+import torch
+from torch.distributed._tools.common_utils import get_untyped_storages
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.utils._pytree import tree_leaves
 
 _TOTAL = "Total"
 
@@ -50,8 +61,28 @@ class _RunningModulesOnly:
                 self._peak_mem_snap[dev] = deepcopy(dev_snap)
 
 
+    def _track_inputs_or_outputs(self, args) -> int:
+        # MemTracker's, over the leaves: [Note: inputs walked, not rebuilt].
+        total = 0
+        for t in _tensors(args):
+            for st in get_untyped_storages(t):
+                winfo, _ = self._WINFO.get(st, (None, None))
+                if winfo is not None:
+                    total += winfo.mem_consumed
+        return total
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
 class FastFSDPMemTracker(_RunningModulesOnly, FSDPMemTracker):
     """FSDPMemTracker, [Note: the tracker's per-op cost]."""
+
+    def track_inputs(self, inputs: tuple) -> None:
+        # FSDPMemTracker's, over the leaves: [Note: inputs walked, not rebuilt].
+        for t in _tensors(inputs):
+            self._update_and_maybe_create_winfos(t, _FSDPRefType.INP)
 
 
 class FastMemTracker(_RunningModulesOnly, MemTracker):

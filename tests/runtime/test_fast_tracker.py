@@ -29,3 +29,14 @@ def test_running_modules_only_measure_what_the_stock_trackers_measure(build, str
     assert (fast.peak_bytes, fast.memory, fast.peak_at) == (stock.peak_bytes, stock.memory, stock.peak_at)
     assert fast.peak_at.startswith(("forward of", "backward of", "outside every module"))
     assert issubclass(FastFSDPMemTracker, FSDPMemTracker) and issubclass(FastMemTracker, MemTracker)
+
+
+@pytest.mark.parametrize("strategy", ["replicate", "full_shard"])
+def test_a_packed_sequence_input_is_counted_not_rebuilt(strategy):
+    """[Note: inputs walked, not rebuilt]: a GRU fed a PackedSequence made MemTracker's pre-forward
+    hook raise, so a DDP plan of it was refused as failing its step. Now it verifies (on real
+    tensors: packing reads the lengths) at its prediction."""
+    model, inputs = um.build_packed_gru()
+    plan = plan_model(model, inputs, world=4, strategy=strategy)
+    assert plan.verified is not None and plan.verified.tensors == "real"
+    assert abs(plan.verified.peak_bytes / plan.predicted.peak_bytes - 1) <= 0.03, (plan.verified, plan.predicted)

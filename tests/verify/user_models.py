@@ -450,3 +450,27 @@ def build_score_gated(micro_batch: int = 4, seq: int = 40, masked: bool = True):
     torch.manual_seed(1)
     idx = torch.randint(0, 300, (micro_batch, seq + 1), generator=_gen(7))
     return ScoreGatedLM(masked), (idx[:, :-1].contiguous(), idx[:, 1:].contiguous())
+
+
+class _PackedGRU(nn.Module):
+    """A bidirectional GRU over a padded batch packed by its lengths (`PackedSequence`, a
+    namedtuple whose constructor checks its fields): [Note: inputs walked, not rebuilt]."""
+
+    def __init__(self, vocab: int = 200, d: int = 64):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d, padding_idx=0)
+        self.rnn = nn.GRU(d, d, num_layers=2, batch_first=True, bidirectional=True)
+        self.cls = nn.Linear(2 * d, 5)
+
+    def forward(self, ids, lengths, y):
+        packed = nn.utils.rnn.pack_padded_sequence(self.emb(ids), lengths, batch_first=True, enforce_sorted=False)
+        _, h = self.rnn(packed)
+        return F.cross_entropy(self.cls(torch.cat([h[-2], h[-1]], -1)), y)
+
+
+def build_packed_gru(micro_batch: int = 8, seq: int = 30):
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(3)
+    lengths = torch.linspace(seq, 3, micro_batch).round().long()
+    return _PackedGRU(), (torch.randint(1, 200, (micro_batch, seq), generator=g), lengths,
+                          torch.randint(0, 5, (micro_batch,), generator=g))
