@@ -16,6 +16,17 @@ the later layer runs (always: `LayerProfile.code_held_bytes`), or kept by some o
 ran (counted already). An output that a layer run in between takes as its input is that
 layer's to keep, and counted there. A U-Net's selective plan ran 3.3% above its prediction,
 and an auto plan over its budget, without this.
+
+[Note: results of outside code the caller holds]
+The same holds for what code outside every layer makes: a Mixer whose residual adds run in the
+model's own forward (`h = h + tok(n1(h))`) holds its last sum `h` in a local through the head's
+forward (the head reads `h.mean(1)`), and no op saves it: fused under full_shard it was 3.2%
+under its verified peak. The plain trace records every result of outside code
+(`Tracer._outside_held`, fed by the FLOP counter's dispatch), and as each layer starts (first
+call) counts those still alive that nothing has saved, that are not among its inputs and that no
+layer has taken as an input (that layer's to count, as above): `LayerProfile.code_held_bytes`,
+beside its forward moments whatever recomputes. A result something saves later is counted
+there from then on, not here.
 """
 from __future__ import annotations
 

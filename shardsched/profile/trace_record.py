@@ -79,6 +79,10 @@ class Stats:
         self.fresh_inputs: dict[str, set] = {}  # per module, its first call's inputs nothing saved before
         self.out_status = OutputStatus()  # [Note: outputs the caller's code holds]
         self.held: HeldOutputs | None = None
+        # [Note: results of outside code the caller holds] in profile/held.py
+        self.outside_made: dict[int, tuple] = {}  # storage key -> (StorageWeakRef, bytes), made outside every layer
+        self.layer_input_keys: set = set()  # storages some layer's call has taken as an input
+        self.outside_held: dict[str, int] = defaultdict(int)  # per layer: such results alive, unsaved, as it starts
         self.final: set[str] = set()  # the layers the profile keeps (after folding)
         self.input_saved: dict[str, int] = defaultdict(int)  # `LayerProfile.input_saved_bytes`
         self.input_saved_before: dict[str, int] = defaultdict(int)  # `LayerProfile.input_saved_before_bytes`
@@ -152,6 +156,8 @@ class Tracer:
                            if storage_key(t) in self.saved_keys and storage_key(t) not in self.persistent_keys
                            and storage_key(t) not in self.stats.saved_inside}
                 self.stats.input_saved_outside[name] = storage_bytes(list(outside.values()))
+            if name in self.layer_set and not self.stats.calls[name]:
+                self._outside_held(name, {storage_key(t) for t in L.tensors_in((args, kwargs))})
             if given_twice(args, kwargs):  # [Note: inputs passed twice]: a child is never a unit,
                 self.stats.aliased.add(name)  # a layer is joined into its caller
                 if name in self.layer_set and self.escapes is not None:
@@ -180,6 +186,15 @@ class Tracer:
 
         self.handles += [module.register_forward_pre_hook(L.in_forward(pre), with_kwargs=True),
                          module.register_forward_hook(L.in_forward(post), with_kwargs=True)]
+
+    def _outside_held(self, name: str, inputs: set) -> None:
+        """What code outside every layer made that is alive, saved by nothing and no layer's
+        input so far, as `name` starts ([Note: results of outside code the caller holds])."""
+        st = self.stats
+        st.outside_held[name] = sum(nbytes for k, (ref, nbytes) in st.outside_made.items()
+                                    if not ref.expired() and k not in self.saved_keys and k not in inputs
+                                    and k not in st.layer_input_keys)
+        st.layer_input_keys |= inputs
 
     def _produced(self, name: str, out) -> None:
         """What the plain trace counted each output of layer `name` as (`OutputStatus`)."""
@@ -265,6 +280,8 @@ class FlopCounter(fc.FlopCounterMode):
                 self._sac_saved(sc, keys, L.tensors_in(out))
             elif selective:
                 recomputed.append(sc)
+        if phase == "fwd" and st.sac_forward and self.tracer.outside():
+            self._outside_made(L.tensors_in(out), {storage_key(t) for t in L.tensors_in((args, kwargs))})
         if func_packet in self.flop_registry:
             flops = self.flop_registry[func_packet](*args, **kwargs, out_val=out)
             for k in keys:
@@ -280,6 +297,14 @@ class FlopCounter(fc.FlopCounterMode):
                     for sc in recomputed:
                         sc.moved[k] += storage_bytes(ins) + storage_bytes(outs)
         return out
+
+    def _outside_made(self, outs: list[torch.Tensor], in_keys: set) -> None:
+        """Results of code outside every layer ([Note: results of outside code the caller holds])."""
+        st = self.tracer.stats
+        for t in outs:
+            k = storage_key(t)
+            if k not in in_keys and k not in self.tracer.persistent_keys and k not in st.outside_made:
+                st.outside_made[k] = (StorageWeakRef(t.untyped_storage()), t.untyped_storage().nbytes())
 
     def _sac_read_outside(self, ins: list[torch.Tensor]) -> None:
         """Saved outputs that code outside every layer reads (`selective_outside_input_bytes`)."""

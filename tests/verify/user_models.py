@@ -474,3 +474,29 @@ def build_packed_gru(micro_batch: int = 8, seq: int = 30):
     lengths = torch.linspace(seq, 3, micro_batch).round().long()
     return _PackedGRU(), (torch.randint(1, 200, (micro_batch, seq), generator=g), lengths,
                           torch.randint(0, 5, (micro_batch,), generator=g))
+
+
+class _OutsideMixer(nn.Module):
+    """An MLP-Mixer whose blocks are `ModuleDict`s the caller's code runs: every residual add and
+    GELU is code outside every layer. The last residual sum is held in a local, saved by
+    nothing, through the head's forward ([Note: results of outside code the caller holds]), and
+    each GELU saves a Linear layer's output that `+sac` also keeps (`trace._shared_output`)."""
+
+    def __init__(self, tokens: int = 16, d: int = 48, depth: int = 4):
+        super().__init__()
+        self.patch = nn.Linear(48, d)
+        self.blocks = nn.ModuleList(nn.ModuleDict(dict(n1=nn.LayerNorm(d), tok=nn.Linear(tokens, tokens),
+                                                       n2=nn.LayerNorm(d), ch=nn.Linear(d, d))) for _ in range(depth))
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x, y):
+        h = self.patch(x)
+        for b in self.blocks:
+            h = h + b["tok"](b["n1"](h).transpose(1, 2)).transpose(1, 2)
+            h = h + F.gelu(b["ch"](b["n2"](h)))
+        return F.cross_entropy(self.head(h.mean(1)), y)
+
+
+def build_outside_mixer(micro_batch: int = 8):
+    torch.manual_seed(0)
+    return _OutsideMixer(), (torch.randn(micro_batch, 16, 48), torch.randint(0, 10, (micro_batch,)))
