@@ -190,7 +190,7 @@ class UnitCost:
         outside code (the loss) ran its backward first, freeing what it saved."""
         if not self.layer_bytes:
             return self.activation_bytes + self.workspace_bytes
-        return self._layer_by_layer(lambda b: b.ws)
+        return self._layer_by_layer(lambda b: b.backward_own(b.ws))
 
     def bucketed_peak(self) -> int:
         """`backward_peak` as DDP runs it: each gradient leaves for the bucket as it is
@@ -198,7 +198,7 @@ class UnitCost:
         profile/workspace.py) and no layer's gradients are held at its end."""
         if not self.layer_bytes:
             return self.activation_bytes + self.workspace_bytes
-        return self._layer_by_layer(lambda b: b.bws)
+        return self._layer_by_layer(lambda b: b.backward_own(b.bws))
 
     def forward_peak(self) -> int:
         """Its own activations and transients at the peak of its forward when not
@@ -207,15 +207,15 @@ class UnitCost:
         saved yet: it runs after the unit reshards."""
         if not self.layer_bytes:
             return self.activation_bytes + self.workspace_bytes // 2
-        return self._layer_by_layer(lambda b: b.produced)
+        return self._layer_by_layer(lambda b: b.act + b.produced)
 
-    def _layer_by_layer(self, extra) -> int:
-        """The most over k of the activations of layers 0..k and `extra` of layer k, the last
-        layer's outside code's saved bytes not counted."""
-        best, acts, last = 0, 0, len(self.layer_bytes) - 1
+    def _layer_by_layer(self, own) -> int:
+        """The most over k of the activations of layers 0..k-1 and `own` of layer k (its
+        activations and more), the last layer's outside code's saved bytes not counted."""
+        best, before, last = 0, 0, len(self.layer_bytes) - 1
         for k, b in enumerate(self.layer_bytes):
-            acts += b.act
-            best = max(best, acts - (self.outside_activation_bytes if k == last else 0) + extra(b))
+            best = max(best, before + own(b) - (self.outside_activation_bytes if k == last else 0))
+            before += b.act
         return best
 
     def layer_grad(self, k: int, grad_bytes: float, *, in_place: bool = False) -> int:
@@ -258,11 +258,11 @@ class UnitCost:
             if k + 1 < len(layers):
                 out["end", k] = Inner(g + before + b.ws, k + 1, k, False)
                 if not checkpointed:  # its backward starts: its activations still live
-                    out["start", k] = Inner(before + b.act + b.ws, k + 1, k, False)
+                    out["start", k] = Inner(before + b.backward_own(b.ws), k + 1, k, False)
                 else:
-                    out["redo", k] = Inner(before + b.redo + b.ws, k + 1, k, False)
+                    out["redo", k] = Inner(before + b.recompute_own(), k + 1, k, False)
                 # the gradient of its output has arrived: live as it gathers
-                out["regather", k] = Inner(before + (b.kept if checkpointed else b.act) + b.out,
+                out["regather", k] = Inner(before + (b.kept if checkpointed else b.act - b.outside) + b.out,
                                            k + 1, k, True)
                 if b.calls > 1:  # a repeated layer's earlier call, its later layers reduced ([Note:
                     for key, gathered in (("recall", True), ("recall_redo", False)):  # a repeated module's later calls])

@@ -3,7 +3,9 @@ and holds, and what it saves of a layer's output, predicted as FSDP2 on fake ten
 it (`verify_plan`). Before: fused full_shard -3.2%, shard_grad_op -2.7% (the last residual sum
 held by a local through the head, [Note: results of outside code the caller holds] in
 profile/held.py), `+sac` +8.8% / +11.3% (each GELU's saved input, a Linear's output, counted
-again as what selective checkpointing keeps: `profile.trace._shared_output`)."""
+again as what selective checkpointing keeps: `profile.trace._shared_output`), fused replicate
+and replicate+ckpt +2.9% (each GELU's saved input charged in its Linear's backward window, which
+opens after the GELU's backward freed it: `plan.units.LayerBytes.backward_own`)."""
 from __future__ import annotations
 
 import pytest
@@ -16,7 +18,7 @@ from shardsched.verify.engine import verify_plan
 from . import user_models as um
 
 CASES = [("full_shard", True), ("full_shard", False), ("shard_grad_op", True), ("shard_grad_op+sac", True),
-         ("shard_grad_op+sac", False), ("full_shard+ckpt", True)]
+         ("shard_grad_op+sac", False), ("full_shard+ckpt", True), ("replicate", True), ("replicate+ckpt", True)]
 
 
 @pytest.fixture(scope="module")
