@@ -98,17 +98,23 @@ def test_measured_and_traced_predict_the_same_memory(gpt_pair, strategy):
 
 
 def test_auto_offers_selective_on_a_measured_profile(gpt_pair):
-    """At full_shard+sac's peak (below no checkpointing's, above whole-layer's), auto
-    checkpoints selectively, on the measured profile as on the traced one (before, a measured
-    profile had no selective fields and auto never offered it)."""
+    """At full_shard+sac's peak (below no checkpointing's, above whole-layer's), auto searches
+    selective checkpointing on the measured profile as on the traced one (before, a measured
+    profile had no selective fields and auto never offered it), and is never slower than
+    full_shard+sac there. Which plan wins on the measured profile depends on this machine's
+    timings (one repeat, beside the rest of the suite: it once chose no `+sac` unit), so only
+    the traced profile's choice is asserted."""
     got, _, traced = gpt_pair
     low, budget, high = (make_plan(got, CLUSTER, strategy=s).predicted.peak_bytes
                          for s in ("full_shard+ckpt", "full_shard+sac", "full_shard"))
     assert low < budget < high
     for profile in (got, traced):
         plan = make_plan(profile, CLUSTER, strategy="auto", memory_budget_bytes=budget)
-        assert Checkpoint.SELECTIVE in {u.checkpoint for u in plan.units}, (profile.source, plan.units)
+        assert "selective" in plan.solver.search_space["checkpointing"], profile.source
+        sac = make_plan(profile, CLUSTER, strategy="full_shard+sac")
+        assert plan.predicted.step_seconds <= sac.predicted.step_seconds * (1 + 1e-9), profile.source
         assert plan.predicted.peak_bytes <= budget
+    assert Checkpoint.SELECTIVE in {u.checkpoint for u in plan.units}, plan.units
 
 
 def test_a_model_fake_tensors_cannot_run_is_traced_on_real_tensors(tmp_path, monkeypatch):
