@@ -191,10 +191,12 @@ class Tracer:
         """What code outside every layer made that is alive, saved by nothing and no layer's
         input so far, as `name` starts ([Note: results of outside code the caller holds])."""
         st = self.stats
-        st.outside_held[name] = sum(nbytes for k, (ref, nbytes) in st.outside_made.items()
-                                    if not ref.expired() and k not in self.saved_keys and k not in inputs
-                                    and k not in st.layer_input_keys)
         st.layer_input_keys |= inputs
+        # a result once dead, saved or taken as an input is never held so again: dropped (keys
+        # stay pinned while the trace runs), so each layer's start walks the live ones only
+        st.outside_made = {k: v for k, v in st.outside_made.items() if not v[0].expired()
+                           and k not in self.saved_keys and k not in st.layer_input_keys}
+        st.outside_held[name] = sum(nbytes for _, nbytes in st.outside_made.values())
 
     def _produced(self, name: str, out) -> None:
         """What the plain trace counted each output of layer `name` as (`OutputStatus`)."""
@@ -303,7 +305,8 @@ class FlopCounter(fc.FlopCounterMode):
         st = self.tracer.stats
         for t in outs:
             k = storage_key(t)
-            if k not in in_keys and k not in self.tracer.persistent_keys and k not in st.outside_made:
+            if k not in in_keys and k not in self.tracer.persistent_keys and k not in st.outside_made \
+                    and k not in st.layer_input_keys and k not in self.tracer.saved_keys:
                 st.outside_made[k] = (StorageWeakRef(t.untyped_storage()), t.untyped_storage().nbytes())
 
     def _sac_read_outside(self, ins: list[torch.Tensor]) -> None:
