@@ -60,7 +60,6 @@ class _RunningModulesOnly:
                 self._peak_mem[dev] = dev_snap[_TOTAL]
                 self._peak_mem_snap[dev] = deepcopy(dev_snap)
 
-
     def _track_inputs_or_outputs(self, args) -> int:
         # MemTracker's, over the leaves: [Note: inputs walked, not rebuilt].
         total = 0
