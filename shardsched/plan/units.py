@@ -220,23 +220,29 @@ class LayerBytes(NamedTuple):
     held: int = 0      # checkpointed: the unit's earlier layers' outputs the calling code holds as it starts
     outside: int = 0   # a layer before the unit's last: what the code after it saved (`outside_bytes`)
     ows: int = 0       # ... and that code's backward workspace (`outside_workspace_bytes`)
+    code: int = 0      # held by the calling code as it starts, beyond its unit's first layer's (`code_held_bytes`)
+    flight: int = 0    # gradients in flight beside it as its backward starts (`flight_bytes`)
 
-    def backward_own(self, window: int) -> int:
-        """Its activations and `window` (its workspace, or its DDP one) as its backward runs. The
-        code after it (a GELU between layers of a fused unit) ran its backward first, beside all
-        it saved and its own workspace, then freed what it saved before this layer's window
-        opened (`profile.workspace_terms.layer_workspace`): counted with it, a fused Mixer was
-        2.9% over its verified peak."""
+    def backward_own(self, window: int, flight: int = 0) -> int:
+        """Its activations and `window` (its workspace, or its DDP one) as its backward runs, the
+        code after it included beside the gradients in flight as the next layer's backward began
+        (`flight`; [Note: the code between a fused unit's layers])."""
         if not self.outside:
             return self.act + window
-        return self.act + max(window - self.outside, self.ows)
+        return self.act + max(window - self.outside, self.ows + flight)
 
-    def recompute_own(self) -> int:
-        """`backward_own` when checkpointed: the code after it ran its backward beside what it
-        saved (kept: that code is not recomputed), then the layer recomputes without it."""
-        if not self.outside:
-            return self.redo + self.ws
-        return max(self.redo - self.outside + self.ws, self.kept + self.ows)
+
+# [Note: the code between a fused unit's layers]
+# Inside a fused unit, the code after a layer other than the last (a GELU between Linear layers,
+# a tied LM's loss and head before a wrapper's auxiliary head) runs its backward after the next
+# layer's: FSDP2's post-backward of that module has resharded the whole unit (and launched its
+# ReduceScatter), and the layer's own pre-backward has not gathered it again. So that code's
+# backward holds all it saved and its workspace with none of the unit's unsharded parameters
+# (the ("code", k) moment of `UnitCost.inner_moments`, `Inner.resharded`), and frees what it saved
+# before the layer's own window opens (`profile.workspace_terms.layer_workspace`). Charged inside
+# the window, a fused Mixer was 2.9% over its verified peak; charged with the unit gathered, a
+# wrapped GPT-2 whose LM loss ran between `ln_f` and an auxiliary head 5.7%. On DDP nothing is
+# gathered: `backward_own` is the larger of the two.
 
 
 def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
@@ -247,8 +253,9 @@ def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
     (counted as their sum, a fused U-Net whose SiLU, pooling and concatenation run between
     layers was 12.6% over its verified peak); the last layer's is a moment of its own
     (`UnitCost.outside_workspace_bytes`).
-    In forward, the tensor being produced next to what is saved: half the larger of the
-    layer's and its outside code's backward workspaces (each is two such tensors)."""
+    In forward, the tensor being produced next to what is saved: its measured forward window,
+    or half its backward workspace; a layer before the unit's last, the code after it as its exit
+    window measured it, or half that code's backward workspace (two such tensors)."""
     out = []
     for k, layer in enumerate(layers):
         # the unit's earlier layers' outputs the calling code holds ([Note: outputs the caller's
@@ -258,13 +265,17 @@ def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
         ows = layer.outside_workspace_bytes
         inner = k + 1 < len(layers)  # the last layer's outside code runs after the unit reshards
         produced, ck_produced = forward_transients(layer, ws)
-        produced = max(produced, (ows if inner else 0) // 2)
-        out.append(LayerBytes(kept_when_checkpointed(layer), layer.activation_bytes, max(ws, ows if inner else 0),
+        # the code after it, as measured ([Note: exit windows]: a residual add holds the sum and
+        # the branch it adds; half its backward workspace where that is more), less what the
+        # calling code held as it started, counted beside its moments already (`code`)
+        produced = max(produced, max(ows // 2, layer.exit_bytes - layer.code_held_bytes) if inner else 0)
+        out.append(LayerBytes(kept_when_checkpointed(layer), layer.activation_bytes, ws,
                               layer.params - layer.frozen_params, recomputed_bytes(layer), produced,
                               max(ck_produced, produced),
                               own_inputs(layer) // max(1, layer.calls), layer.output_bytes, max(1, layer.calls),
                               layer.recall_workspace_bytes or ws, layer.bucketed_workspace_bytes or ws, held,
-                              layer.outside_bytes if inner else 0, ows if inner else 0))
+                              layer.outside_bytes if inner else 0, ows if inner else 0,
+                              max(0, layer.code_held_bytes - layers[0].code_held_bytes), layer.flight_bytes))
     return tuple(out)
 
 
@@ -287,7 +298,9 @@ def held_in_unit(layers: list[LayerProfile], k: int, *, mode: Checkpoint = Check
 def code_held_of(layers: list[LayerProfile]) -> tuple[dict[str, tuple[int, int, int]], int]:
     """(`UnitCost.code_held`, `code_held_bytes`): per layer before the unit, the most any of
     its layers' forwards sees held of that layer's outputs (an upper bound of the most at one
-    moment), and the most held whatever recomputes."""
+    moment), and what is held whatever recomputes as its first layer starts (a later layer's
+    more is its own moments': `LayerBytes.code`; the logits a wrapper's `out` holds beside its
+    auxiliary head, counted at the whole fused unit's forward, were 11% over)."""
     names = {layer.name for layer in layers}
     per: dict[str, tuple[int, int, int]] = {}
     for layer in layers:
@@ -295,7 +308,7 @@ def code_held_of(layers: list[LayerProfile]) -> tuple[dict[str, tuple[int, int, 
             if name not in names:
                 old = per.get(name, (0, 0, 0))
                 per[name] = tuple(max(old[i], held_as(t, i)) for i in range(3))
-    return per, max((layer.code_held_bytes for layer in layers), default=0)
+    return per, layers[0].code_held_bytes if layers else 0
 
 
 def forward_transients(layer: LayerProfile, ws: int) -> tuple[int, int]:
@@ -339,6 +352,7 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
                                    checkpointed_lead_bytes=cost.checkpointed_lead_bytes - last_extra + held)
     names = tuple(layer.name for layer in layers)
     last_input = own_inputs(layers[-1]) if len(layers) > 1 else 0
+    last_code = max(0, layers[-1].code_held_bytes - layers[0].code_held_bytes)
     return UnitCost(name=unit_name(names), layers=names, dims=unit_dims(layers),
                     params=sum(layer.params for layer in layers),
                     frozen_params=sum(layer.frozen_params for layer in layers),
@@ -352,9 +366,9 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
                     # CNN's head after a ReLU was 3.6% over counting it again)
                     lead_activation_bytes=sum(layer.activation_bytes for layer in layers[:-1]) + (
                         layers[-1].entry_bytes if layers[-1].input_saved_bytes is not None and len(layers) > 1
-                        else last_input) + _later_call(layers, checkpointed=False),
+                        else last_input) + _later_call(layers, checkpointed=False) + last_code,
                     checkpointed_lead_bytes=sum(map(kept_when_checkpointed, layers[:-1])) + last_input
-                    + held_in_unit(layers, len(layers) - 1) + _later_call(layers, checkpointed=True),
+                    + held_in_unit(layers, len(layers) - 1) + _later_call(layers, checkpointed=True) + last_code,
                     workspace_bytes=workspace_bytes(layers),
                     outside_workspace_bytes=layers[-1].outside_workspace_bytes,
                     outside_activation_bytes=layers[-1].outside_bytes if layers[-1].outside_workspace_bytes else 0,
@@ -364,6 +378,8 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
                     lead_resaved_bytes=layers[0].input_resaved_bytes if layers[0].calls <= 1 else None,
                     **dict(zip(("code_held", "code_held_bytes"), code_held_of(layers))),
                     layer_bytes=layer_bytes(layers),
+                    tied_at=next((k for k, layer in enumerate(layers) if layer.makes_tied_grad), None),
+                    root_forward_bytes=layers[0].forward_peak_bytes if names == (ROOT,) else 0,
                     layer_dims=tuple(_trainable_dims(layer) for layer in layers) if all(
                         layer.dims or not layer.params for layer in layers) else ())
 

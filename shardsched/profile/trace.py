@@ -26,6 +26,7 @@ module runs the trace and assembles the `Profile`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections import defaultdict
 from typing import Any, Sequence
@@ -51,7 +52,7 @@ from shardsched.profile.trace_fake import (fake_copy_inputs, fake_parameters, fa
                                           real_state, restored, seeded, untied)
 from shardsched.profile.trace_record import (FlopCounter, SacStats, Stats, Tagger, Tracer, loss_bytes,
                                              pinned_storage_keys, storage_bytes, storage_key)
-from shardsched.profile.trace_stacks import Truncated, expand, find_stacks, fold, untraced
+from shardsched.profile.trace_stacks import Truncated, expand, find_stacks, fold, fold_target, untraced
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -84,6 +85,10 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
     exclude = {storage_key(t) for t in [*state.values(), *L.tensors_in(fake_inputs)]}
     tracer = Tracer(model, names, children)
     tracer.saved_keys, tracer.persistent_keys = exclude, set(exclude)
+    by_key = defaultdict(list)
+    for n, t in state.items():
+        by_key[storage_key(t)].append(n)
+    tracer.tied_names = {k: tuple(ns) for k, ns in by_key.items() if len(ns) > 1}
     tracer.stats.itemsize = torch.empty((), dtype=dtype).element_size()
     ws = BackwardWorkspace(model, names, list(tracer.parent), persistent=[*state.values(), *L.tensors_in(fake_inputs)],
                            parents=tracer.parent, params=module_params(state, [*names, *tracer.parent]))
@@ -158,6 +163,8 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
         tracer.stats.forward_peak.update(ws.forward)
         tracer.stats.exit.update(ws.exit)
         tracer.stats.recall.update(ws.recall)
+        tracer.stats.flight.update(ws.flight)
+        tracer.stats.forward_top = ws.forward_top
         tracer.stats.bucketed.update(ws.bucketed)
         tracer.stats.loss_window.update(ws.loss_window)
         tracer.remove()
@@ -320,6 +327,7 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: Stats, device: DeviceS
         checkpointed_forward_bytes=st.forward_nosave.get(name, 0) if name != L.ROOT else 0,
         exit_bytes=st.exit.get(name, 0) if name != L.ROOT else 0, output_bytes=st.output.get(name, 0),
         recall_workspace_bytes=st.recall.get(name, 0) if st.calls.get(name, 1) > 1 else 0,
+        flight_bytes=st.flight.get(name, 0) if name != L.ROOT else 0,
         bucketed_workspace_bytes=st.bucketed.get(name, 0) if name != L.ROOT else 0,
         **dict(zip(("selective_saved_bytes", "selective_outside_input_bytes", "selective_forward_bytes",
                     "selective_recompute_seconds"), _selective(name, st.sac[Checkpoint.SELECTIVE], device))),
@@ -334,6 +342,49 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: Stats, device: DeviceS
         backward_flops=bwd,
         forward_moved_bytes=st.moved["fwd"].get(name, 0), backward_moved_bytes=st.moved["bwd"].get(name, 0),
         children=kids)
+
+
+# [Note: where the root's tied gradient appears]
+# A tensor the root owns under two names (a tied embedding and head) gets its gradient from
+# both uses; autograd holds it from the first use backward meets, the last one forward made.
+# That is a tied head's, mostly the code after the last layer, whose backward runs first
+# (`sim.memory.root_grad_bytes`). But a wrapper may compute the LM loss and then run a layer
+# of its own (an auxiliary head over `output_hidden_states`): the layers after the head's, and
+# the head's code until its matmul's backward, run before the gradient exists. The trace
+# records the layer running (or run last) at each forward read of such a tensor; the latest
+# read's layer is marked `LayerProfile.makes_tied_grad`. A tied GPT-2 inside such a wrapper was
+# 11.7% over its verified full_shard peak and 7.7% over under replicate, every moment before
+# the head's backward charged the whole embedding's gradient.
+
+def _tied_grad_layer(tracer: Tracer, model: nn.Module, asg) -> str | None:
+    """The layer whose backward (or its outside code's) first makes the gradient of a tensor
+    the root owns under several names; None where no such tensor was read after the first layer."""
+    by_id = L.param_names(model)
+    root = {n for p in asg.params.get(L.ROOT, []) for n in by_id[id(p)] if len(by_id[id(p)]) > 1}
+    uses = [use for k, use in tracer.tied_use.items() if root & set(tracer.tied_names[k])]
+    if not uses:
+        return None
+    layer = fold_target(max(uses)[1], tracer.ran, asg.layers)
+    return layer if layer not in (None, L.ROOT) else None
+
+
+def _tied_not_in_flight(layers: list[LayerProfile], tied: str | None, nbytes: int) -> list[LayerProfile]:
+    """Where the root's tied gradient appears after the first layer window opened (a layer
+    before the last makes it), the windows that open later measured it in flight ([Note:
+    gradients held beside a window] in profile/workspace.py); the memory model counts it as the
+    root's (`sim.memory.root_grad_bytes`), so it is taken off their workspaces and flight (a
+    wrapped BERT whose second loss follows the MLM head was 12.7% over under +ckpt)."""
+    names = [lay.name for lay in layers]
+    if tied is None or not nbytes or tied == names[-1]:
+        return layers
+    out = []
+    for k, lay in enumerate(layers):
+        cut = min(lay.flight_bytes, nbytes) if lay.name != L.ROOT and k <= names.index(tied) else 0
+        out.append(dataclasses.replace(lay, flight_bytes=lay.flight_bytes - cut,
+                                       workspace_bytes=max(0, lay.workspace_bytes - cut),
+                                       bucketed_workspace_bytes=max(0, lay.bucketed_workspace_bytes - cut))
+                   if cut else lay)
+    return out
 
 
 def _selective(name: str, sc: SacStats, device: DeviceSpec) -> tuple:
@@ -420,6 +471,12 @@ def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
         kid_profiles = tuple(_layer(c, _unique(model.get_submodule(c).parameters()), tracer.stats, device)
                              for c in kids)
         out.append(_layer(n, asg.params[n], tracer.stats, device, kid_profiles))
+    if [lay.name for lay in out] == [L.ROOT]:  # no layer: the root's forward is the model's ([Note: the
+        root = out[0]  # root's backward tail] in profile/workspace.py)
+        out = [dataclasses.replace(root, forward_peak_bytes=max(0, tracer.stats.forward_top - root.activation_bytes))]
+    tied = _tied_grad_layer(tracer, model, asg)
+    out = [dataclasses.replace(lay, makes_tied_grad=True) if lay.name == tied else lay for lay in out]
+    out = _tied_not_in_flight(out, tied, asg.root_tied_numel * tracer.stats.itemsize)
     from shardsched.profile.measure import batch_and_seq, inputs_extra
     micro_batch, seq = batch_and_seq(inputs)
     return Profile(model=name, layers=tuple(out), fingerprint=fingerprint(model), compute_dtype=compute_dtype,

@@ -71,6 +71,8 @@ class Stats:
         self.forward_nosave: dict[str, int] = defaultdict(int)  # the same, saving nothing
         self.exit: dict[str, int] = defaultdict(int)  # measured, [Note: exit windows]
         self.recall: dict[str, int] = defaultdict(int)  # repeated modules' later calls' windows
+        self.flight: dict[str, int] = defaultdict(int)  # gradients in flight as its backward starts
+        self.forward_top = 0  # the most live in forward (`BackwardWorkspace.forward_top`)
         self.bucketed: dict[str, int] = defaultdict(int)  # backward windows, gradients bucketed
         self.output: dict[str, int] = defaultdict(int)  # `LayerProfile.output_bytes`
         self.outside: dict[str, int] = defaultdict(int)  # `LayerProfile.outside_bytes`
@@ -128,6 +130,10 @@ class Tracer:
         self.saved_keys: set = set()  # storages saved for backward so far (and persistent ones): `_run`
         self.persistent_keys: set = set()  # parameters, buffers, the model's inputs: `_run`
         self.escapes = None  # `Escapes`, set by the trace: it also hears of aliased layers
+        # [Note: where the root's tied gradient appears] in profile/trace.py
+        self.tied_names: dict = {}  # storage key of a tensor reachable by several names -> them
+        self.tied_use: dict = {}  # such a key -> (forward order, layer) of its last read in forward
+        self.tied_clock = 0
         self.handles = []
         for name in [*layers, *self.parent]:
             self._attach(model.get_submodule(name), name)
@@ -249,10 +255,21 @@ class Tagger(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         if torch._C._current_autograd_node() is None:
+            if self.tracer.tied_names:
+                self._tied_reads((args, kwargs))
             for t in L.tensors_in(out):
                 if t.grad_fn is not None and _TAG not in t.grad_fn.metadata:
                     t.grad_fn.metadata[_TAG] = self.tracer.forward_key()
         return out
+
+
+    def _tied_reads(self, tree) -> None:
+        tr = self.tracer
+        for t in L.tensors_in(tree):
+            k = storage_key(t)
+            if k in tr.tied_names:
+                tr.tied_clock += 1
+                tr.tied_use[k] = (tr.tied_clock, tr.forward_key()[0])
 
 
 class FlopCounter(fc.FlopCounterMode):

@@ -85,7 +85,7 @@ def expand(tracer: Tracer, full: list[str], kids: list[str], stacks) -> None:
     st = tracer.stats
     targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
     plain = (st.ops, st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
-             st.forward_nosave, st.entry, st.exit, st.output, st.recall, st.bucketed,
+             st.forward_nosave, st.entry, st.exit, st.output, st.recall, st.bucketed, st.flight,
              st.outside_kept, st.input_saved, st.input_saved_before, st.input_saved_outside, st.input_resaved,
              *(d for sc in st.sac.values() for d in (sc.saved, sc.moved, sc.forward, sc.outside)))
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
@@ -118,15 +118,26 @@ def expand(tracer: Tracer, full: list[str], kids: list[str], stacks) -> None:
     tracer.kids_ran = order(tracer.kids_ran, kids)
 
 
+def fold_target(key: str, ran: list[str], final) -> str | None:
+    """The final layer the work of `key` goes to: itself, else the nearest final layer before
+    it (or after it, before any)."""
+    if key in final:
+        return key
+    order = [PRE, *ran]
+    i = order.index(key) if key in order else 0
+    found = next((o for o in reversed(order[:i]) if o in final), None) or next((o for o in order[i:] if o in final), None)
+    # no layer at all (every candidate called again after another ran: [Note: a repeated layer
+    # between other layers]): the root is the whole model, its work the root's
+    return found if found is not None else (L.ROOT if L.ROOT in final else None)
+
+
 def fold(stats: Stats, ran: list[str], final: list[str]) -> None:
     """Work of keys that are not final layers (before any layer ran; layers that
     ran but own nothing) goes to the nearest final layer before them (or the first)."""
-    order = [PRE, *ran]
-    for i, k in enumerate(order):
+    for k in [PRE, *ran]:
         if k in final or k == L.ROOT:
             continue
-        target = next((o for o in reversed(order[:i]) if o in final), None) or \
-            next((o for o in order[i:] if o in final), None)
+        target = fold_target(k, ran, final)
         if target is None:
             continue
         for ph in ("fwd", "bwd"):

@@ -85,6 +85,11 @@ class LayerProfile:
     code_held_bytes: int = 0
     """Earlier layers' outputs the calling code holds as this layer starts that nothing saved
     by then: live beside its forward moments whatever recomputes."""
+    makes_tied_grad: bool = False
+    """Its backward, or its outside code's, is where the gradient of a tensor the root owns
+    under two names first appears (a tied head read after it): the moments before hold none
+    ([Note: where the root's tied gradient appears] in profile/trace.py); False everywhere:
+    the last layer's (`sim.memory.root_grad_bytes`)."""
     outside_workspace_bytes: int = 0
     """Transient bytes of the backward of the code outside the layer folded into it (a loss,
     a tied head after the last layer), which runs before the layer's own backward and before
@@ -139,6 +144,11 @@ class LayerProfile:
     """`workspace_bytes` as DDP runs the backward: each parameter's gradient leaves for the
     bucket as it is accumulated ([Note: bucketed windows] in profile/workspace.py), measured
     above its activations; 0 = unknown (`workspace_bytes` then stands for it)."""
+    flight_bytes: int = 0
+    """Gradients in flight beside it as its backward starts, beyond its incoming gradient (a
+    residual branch's, waiting to be summed: [Note: gradients held beside a window] in
+    profile/workspace.py); part of `workspace_bytes`, and live as FSDP2 gathers it again. 0 =
+    none or unknown."""
     recall_workspace_bytes: int = 0
     """A repeated module: `workspace_bytes` of its calls after the first to run backward,
     whose windows start above the gradient the first accumulated (its own is produced into

@@ -205,6 +205,19 @@ def watch_backward(module: nn.Module, start, end, inputless=lambda: None) -> lis
 # with both in, a tied LM with learned positions ran one (T, hidden) above its budget.
 # Kept under ROOT_TAIL.
 ROOT_TAIL = "<root-tail>"
+# A model with no layer at all (each candidate called again after another ran) is the root's
+# code from its loss to its first op: its whole backward is the loss's window, still open when
+# backward ends, and that window is the root's (an autoencoder encoding two views was 16% over
+# its verified peak with half its activations standing for it).
+
+
+def _log_peak(log) -> int:
+    """The most a window's event log (allocations +, frees -) held above its start."""
+    running = peak = 0
+    for _, delta in log:
+        running += delta
+        peak = max(peak, running)
+    return peak
 
 
 # [Note: the loss's backward window]
@@ -258,6 +271,12 @@ class BackwardWorkspace(TorchDispatchMode):
         self._tail: list[int] | None = None  # [base, peak] once every window has closed
         self.workspace: dict[str, int] = {}
         self.recall: dict[str, int] = {}
+        self.backward = False  # the loss is computed
+        self.forward_top = 0
+        """The most live in forward (a model with no layer: the root's forward moment)."""
+        self.flight: dict[str, int] = {}
+        """Per module, the gradients in flight beside it as its backward starts ([Note: gradients
+        held beside a window]): live at its backward's pre-hook, as FSDP2 gathers it again."""
         """Per repeated module, the most its backward windows after the first held."""
         self._closed: dict[str, int] = {}
         self._fopen: dict[str, list[int]] = {}  # forward windows: name -> [base, peak]
@@ -291,6 +310,8 @@ class BackwardWorkspace(TorchDispatchMode):
         nbytes = st.nbytes()
         self._seen[st] = nbytes
         self.live += nbytes
+        if not self.backward:
+            self.forward_top = max(self.forward_top, self.live)
         key = 0  # only what the loss's window makes is named: its frees of older storages just count
         if self._log is not None:
             key = self._keys[st] = len(self._log) + 1
@@ -307,6 +328,7 @@ class BackwardWorkspace(TorchDispatchMode):
         backward window]); the first layer window to open closes it."""
         self.close_exits()
         self._log = []
+        self.backward = True
 
     def _close_loss_window(self, name: str, grad) -> None:
         log, self._log = self._log, None
@@ -365,6 +387,7 @@ class BackwardWorkspace(TorchDispatchMode):
             base = self.live - self._incoming([grad])
             flight = base - self.saved_live - self.grads - sum(self._pending.values())
             held = self._held(name, flight)
+            self.flight[name] = max(self.flight.get(name, 0), held)
             self._open[name] = [base - held, self.live, base - held - self.grads, self.live - self.grads, flight]
             self._tail = None  # code between two layers' backward: not the root's tail
 
@@ -431,7 +454,9 @@ class BackwardWorkspace(TorchDispatchMode):
     def finish(self) -> dict[str, int]:
         """Close the windows still open (layers without input gradients); remove the hooks."""
         tail = self._tail
-        self._log = None  # no layer window opened: nothing ran after the loss's code
+        if self._log is not None:  # no layer window opened: the root's code ran all of backward
+            self.workspace[ROOT_TAIL] = max(self.workspace.get(ROOT_TAIL, 0), _log_peak(self._log))
+        self._log = None
         for name in list(self._open):
             self._close(name)
         if tail is not None:  # [Note: the root's backward tail]

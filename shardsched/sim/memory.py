@@ -48,6 +48,7 @@ from typing import NamedTuple
 from shardsched.cost.strategy import all_reduces, held_after_forward, shard_count
 from shardsched.core.types import GradSync, MemoryBreakdown, Strategy
 from shardsched.sim.scenario import Scenario
+from shardsched.sim.unit_cost import outside_backward_bytes
 
 
 def forward_gathers(unit, strategy: Strategy) -> int:
@@ -88,11 +89,12 @@ def root_grad_bytes(sc: Scenario) -> int:
     return sc.root_tied_numel * sc.state.unsharded_grad if sc.n and sc.units[0].layers == ("",) else 0
 
 
-def holds_root_grad(i: int, n: int, *, outside: bool = False) -> bool:
-    """At the backward of unit i: the root's tied gradients exist (`root_grad_bytes`), but
-    not yet while the loss after the last unit runs its backward (`outside`), before the
-    head's."""
-    return 0 < i < (n - 1 if outside else n)
+def holds_root_grad(i: int, tied: int, *, outside: bool = False) -> bool:
+    """At the backward of unit i: the root's tied gradients exist (`root_grad_bytes`) from the
+    backward of unit `tied` on (`Scenario.tied_unit`, the last where the head follows the last
+    layer), but not yet while the loss after it runs its backward (`outside`), before the
+    head's; inside that unit, `UnitCost.tied_late` and `Inner.tied` say when."""
+    return 0 < i < (tied if outside else tied + 1)
 
 
 # [Note: the loss before the unit's backward]
@@ -316,16 +318,16 @@ class _Live:
         """Retained activations of units 0..upto."""
         return sum(self.retained[: upto + 1])
 
-    def inner(self, i: int) -> list[tuple[int, int, int, int, int]]:
+    def inner(self, i: int) -> list[tuple[int, int, int, int, int, bool]]:
         """(own, ReduceScatter input, sharded gradients, AllGather output, unsharded parameters
-        freed) bytes of each moment inside fused unit i's backward after its last layer's end
+        freed) bytes, and whether the root's tied gradient may exist (`Inner.tied`), of each moment inside fused unit i's backward after its last layer's end
         (`UnitCost.inner_moments`); on DDP the gradients go to the bucket as produced: no
         reduction input, none sharded, nothing gathered or freed."""
         sc = self.sc
         moments = sc.units[i].inner_moments(sc.state.unsharded_grad, checkpointed=sc.ckpt(i),
                                             in_place=sc.accumulates_in_place).values()
         if self.ddp:
-            return [(m.own, 0, 0, 0, 0) for m in moments if not m.gathered]
+            return [(m.own, 0, 0, 0, 0, m.tied) for m in moments if not m.gathered]
         rs, done = sc.reduce_bytes(i), sc.done_bytes(i)
         if sc.accumulates_sharded and not all_reduces(sc.strategies[i]):  # in the gradients `accumulation_bytes` holds
             done = [0] * len(done)
@@ -334,8 +336,8 @@ class _Live:
         if sc.accumulates_in_place:
             held = in_place_reduce_bytes(sc.units[i], rs, self.shard[i] * sc.state.grad, sc.state.reduce)
             last = len(sc.units[i].layers) - 1
-            return [(m.own, in_place_held(*held, m, last, rs), 0, ag(m), freed(m)) for m in moments]
-        return [(m.own, rs[m.reducing], done[m.done], ag(m), freed(m)) for m in moments]
+            return [(m.own, in_place_held(*held, m, last, rs), 0, ag(m), freed(m), m.tied) for m in moments]
+        return [(m.own, rs[m.reducing], done[m.done], ag(m), freed(m), m.tied) for m in moments]
 
 
 def step_memory(sc: Scenario) -> list[StepMemory]:
@@ -394,15 +396,23 @@ def _forward_moments(live: _Live, i: int) -> list[MemoryBreakdown]:
 def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
     sc = live.sc
     i = 2 * sc.n - 1 - s
-    grads = live.sharded_grads(s) + (live.root_grad if holds_root_grad(i, sc.n) else 0)
+    u = sc.units[i]
+    # [Note: where the root's tied gradient appears] in profile/trace.py
+    root = live.root_grad if holds_root_grad(i, sc.tied_unit) else 0
+    grads = live.sharded_grads(s) + (0 if u.tied_late else root)
     held_rs = live.rs_kept[i + 1] if i + 1 < sc.n else 0
     pending = live.pending_gathers(s, include_launched_here=True)
     act, unsharded = live.activations(i - 1), live.unsharded_live(s)
     # Backward frees the unit's activations as it produces its gradients: at the
     # start all activations are live, at the end all gradients; the workspace
     # (gradients of the largest activations) is live throughout.
-    own = sc.units[i].bucketed_peak() if live.ddp else sc.backward_start(i)  # (DDP plans recompute nothing)
-    moments = [_mb(live, unsharded=unsharded, grads=grads, act=act + own, comm=held_rs + pending)]
+    own = u.bucketed_peak() if live.ddp else sc.backward_start(i)  # (DDP plans recompute nothing)
+    if live.ddp and u.tied_late:
+        own, after = u.bucketed_peaks()
+        moments = [_mb(live, unsharded=unsharded, grads=grads + root, act=act + after, comm=held_rs + pending)]
+    else:
+        moments = []
+    moments.append(_mb(live, unsharded=unsharded, grads=grads, act=act + own, comm=held_rs + pending))
     if not sc.fused(i):
         moments += [_mb(live, unsharded=unsharded, grads=grads + live.ugrad[i],
                         # on DDP only the root's tail (the tied embedding's backward) ends beside a gradient
@@ -416,12 +426,13 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
         # a fused nn.TransformerEncoderLayer stack was 3.2% over)
         last = sc.units[i].last_end(sc.state.unsharded_grad, checkpointed=sc.ckpt(i), in_place=sc.accumulates_in_place)
         moments.append(_mb(live, unsharded=unsharded, grads=grads, act=act + last, comm=held_rs + pending))
-        moments += [_mb(live, unsharded=unsharded - freed, grads=grads + done, act=act + own, comm=rs + ag + pending)
-                    for own, rs, done, ag, freed in live.inner(i)]
-    outside = sc.units[i].outside_workspace_bytes
+        moments += [_mb(live, unsharded=unsharded - freed, grads=live.sharded_grads(s) + (root if tied else 0) + done,
+                        act=act + own, comm=rs + ag + pending)
+                    for own, rs, done, ag, freed, tied in live.inner(i)]
+    outside = outside_backward_bytes(sc.units, i)
     if outside:  # [Note: the loss before the unit's backward]
         held = live.unsharded_live(s) if live.ddp else live.unsharded_live(s, exclude=i) + live.held[i]
-        root = live.root_grad if holds_root_grad(i, sc.n, outside=True) else 0
+        root = live.root_grad if holds_root_grad(i, sc.tied_unit, outside=True) else 0
         moments.append(_mb(live, unsharded=held, grads=live.sharded_grads(s) + root, act=live.activations(i) + outside,
                            comm=held_rs + live.pending_gathers(s, include_launched_here=False)))
     if sc.strategies[i].gathers_for_backward:  # copy-out of its backward AllGather

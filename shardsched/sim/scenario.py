@@ -123,13 +123,13 @@ class Scenario:
         """Activations and transients of unit i's own at the peak of its forward."""
         u = self.units[i]
         if u.layers == ("",):  # the root's own forward is the code before the first layer;
-            return u.activation_bytes  # its workspace is its backward tail (profile.workspace)
+            return u.activation_bytes + u.root_forward_bytes  # its workspace is its backward tail (profile.workspace)
         if self.ckpt(i):  # layer k runs saving nothing, next to the inputs layers 0..k-1 keep
             if not u.layer_bytes:  # and its own input, below its window ([Note: forward windows])
                 return u.input_bytes + u.workspace_bytes // 2
             best, before = 0, 0
             for b in u.layer_bytes:
-                best = max(best, before + b.inp + b.ck_produced + b.held)
+                best = max(best, before + b.inp + b.ck_produced + b.held + b.code)
                 before += b.kept
             return best
         return u.forward_peak()
@@ -165,6 +165,12 @@ class Scenario:
         """A checkpointed unit recomputes its forward (selective: some of it) inside its backward."""
         u = self.units[i]
         return u.backward_seconds + (u.recompute() if self.ckpt(i) else 0.0)
+
+    @property
+    def tied_unit(self) -> int:
+        """The unit whose backward makes the root's tied gradient (`UnitCost.tied_at`); without
+        one, the last ([Note: where the root's tied gradient appears] in profile/trace.py)."""
+        return next((i for i, u in enumerate(self.units) if u.tied_at is not None), self.n - 1)
 
     @property
     def n(self) -> int:

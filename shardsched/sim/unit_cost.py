@@ -24,6 +24,14 @@ class Inner(NamedTuple):
     resharded: bool = False
     """Its unsharded parameters are freed: FSDP2's `post_backward` reshards the unit's group
     before it reduces (`FSDPParamGroup.post_backward`: `reshard()`, then `foreach_reduce`)."""
+    tied: bool = True
+    """The root's tied gradient can exist by now: False before the backward of the unit's layer
+    that makes it (`UnitCost.tied_at`; [Note: where the root's tied gradient appears])."""
+
+    def beside_root(self, root: int) -> int:
+        """`own` where the callers count the root's tied gradient (`root` bytes) at every moment
+        of the unit: less it where it does not exist yet."""
+        return self.own if self.tied else self.own - root
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +98,12 @@ class UnitCost:
     selective: bool = False
     """The cost of its selective form (`plan.units.unit_cost` under `+sac` / `+sac-all`): its
     forward and recomputation also run selective checkpointing's dispatch modes."""
+    root_forward_bytes: int = 0
+    """The root unit of a model with no layer: its forward's transient above what it saves
+    (`LayerProfile.forward_peak_bytes`; else 0: the root's code before the first layer saves)."""
+    tied_at: int | None = None
+    """Its layer whose backward (or its outside code's) first makes the gradient of the root's
+    tied tensors (`LayerProfile.makes_tied_grad`); None: none of its layers."""
     lead_resaved_bytes: int | None = None  # its first layer's `LayerProfile.input_resaved_bytes`
     lead_saved_before_bytes: int = 0  # its first layer's `input_saved_before_bytes` (`kept_before`)
 
@@ -104,6 +118,13 @@ class UnitCost:
         first = lb[0]._replace(kept=lb[0].kept - kb, redo=lb[0].redo - kb, inp=max(0, lb[0].inp - kb))
         return replace(self, input_bytes=self.input_bytes - kb, layer_bytes=(first, *lb[1:]),
                        checkpointed_lead_bytes=self.checkpointed_lead_bytes - (kb if len(lb) > 1 else 0))
+
+    @property
+    def tied_late(self) -> bool:
+        """A layer before its last makes the root's tied gradient: the moments of its backward
+        until then (its start, its last layer's end, its copy-out) hold none ([Note: where the
+        root's tied gradient appears] in profile/trace.py)."""
+        return self.tied_at is not None and self.tied_at + 1 < len(self.layers)
 
     def module_reduce_numel(self, n: int, *, last: bool) -> int:
         """Elements of one module's ReduceScatter input over n shards: FSDP2 (torch 2.13)
@@ -124,10 +145,11 @@ class UnitCost:
 
     def grad_in_bytes(self) -> int:
         """As its backward starts, beyond what it and the units before it keep: the gradient of
-        its output (`LayerProfile.output_bytes` of its last layer; 0 = unknown), the loss after it
-        having freed what it saved (a logits-sized gradient where a log-softmax was saved)."""
-        out = self.layer_bytes[-1].out if self.layer_bytes else 0
-        return out - self.outside_activation_bytes
+        its output (`LayerProfile.output_bytes` of its last layer; 0 = unknown) and those in flight
+        around it (`LayerProfile.flight_bytes`), the loss after it having freed what it saved (a
+        logits-sized gradient where a log-softmax was saved)."""
+        last = self.layer_bytes[-1] if self.layer_bytes else None
+        return (last.out + last.flight if last else 0) - self.outside_activation_bytes
 
     def recall_bytes(self, grad_bytes: float, *, checkpointed: bool, gathered: bool, inner: bool = True) -> int:
         """Its own bytes in the backward of a repeated layer's earlier call ([Note: a repeated
@@ -190,7 +212,10 @@ class UnitCost:
         outside code (the loss) ran its backward first, freeing what it saved."""
         if not self.layer_bytes:
             return self.activation_bytes + self.workspace_bytes
-        return self._layer_by_layer(lambda b: b.backward_own(b.ws))
+        if len(self.layers) > 1:  # fused: the layers before its last are `inner_moments`
+            before = sum(b.act for b in self.layer_bytes[:-1])
+            return before + self.layer_bytes[-1].act + self.layer_bytes[-1].ws - self.outside_activation_bytes
+        return self._layer_by_layer(lambda k, b: b.backward_own(b.ws))
 
     def bucketed_peak(self) -> int:
         """`backward_peak` as DDP runs it: each gradient leaves for the bucket as it is
@@ -198,7 +223,23 @@ class UnitCost:
         profile/workspace.py) and no layer's gradients are held at its end."""
         if not self.layer_bytes:
             return self.activation_bytes + self.workspace_bytes
-        return self._layer_by_layer(lambda b: b.backward_own(b.bws))
+        return self._layer_by_layer(lambda k, b: b.backward_own(b.bws, self._flight_after(k)))
+
+    def _flight_after(self, k: int) -> int:
+        """`LayerBytes.flight` of its layer after k (0 after its last)."""
+        return self.layer_bytes[k + 1].flight if k + 1 < len(self.layer_bytes) else 0
+
+    def bucketed_peaks(self) -> tuple[int, int]:
+        """`bucketed_peak` of a `tied_late` unit, (before, after) the root's tied gradient
+        appears: the layers after `tied_at` and its outside code's backward, then its own window
+        and the layers before ([Note: where the root's tied gradient appears])."""
+        t = self.tied_at
+
+        def own(k, b, after):
+            if k == t:
+                return b.act + b.bws - b.outside if after else b.act + b.ows + self._flight_after(k)
+            return b.backward_own(b.bws, self._flight_after(k)) if (k < t) == after else None
+        return tuple(self._layer_by_layer(lambda k, b: own(k, b, after)) for after in (False, True))
 
     def forward_peak(self) -> int:
         """Its own activations and transients at the peak of its forward when not
@@ -207,14 +248,17 @@ class UnitCost:
         saved yet: it runs after the unit reshards."""
         if not self.layer_bytes:
             return self.activation_bytes + self.workspace_bytes // 2
-        return self._layer_by_layer(lambda b: b.act + b.produced)
+        return self._layer_by_layer(lambda k, b: b.act + b.produced + b.code)
 
     def _layer_by_layer(self, own) -> int:
-        """The most over k of the activations of layers 0..k-1 and `own` of layer k (its
-        activations and more), the last layer's outside code's saved bytes not counted."""
+        """The most over k of the activations of layers 0..k-1 and `own(k, b)` of layer k (its
+        activations and more; None: no moment), the last layer's outside code's saved bytes not
+        counted."""
         best, before, last = 0, 0, len(self.layer_bytes) - 1
         for k, b in enumerate(self.layer_bytes):
-            best = max(best, before + own(b) - (self.outside_activation_bytes if k == last else 0))
+            mine = own(k, b)
+            if mine is not None:
+                best = max(best, before + mine - (self.outside_activation_bytes if k == last else 0))
             before += b.act
         return best
 
@@ -245,31 +289,37 @@ class UnitCost:
         that moment); layer k reduces;
         checkpointed, layer k is recomputed (its live bytes) next to the kept inputs of the
         layers before it; a module's pre-backward gathers again (FSDP2 resharded after the
-        module before), its AllGather output next to the activations of layers 0..k and the
-        gradient of its output (`LayerProfile.output_bytes`); a module reduces after FSDP2
-        resharded the whole unit, none of its unsharded parameters live (`Inner.resharded`:
+        module before), its AllGather output next to the activations of layers 0..k, the
+        gradient of its output (`LayerProfile.output_bytes`) and those in flight around it
+        (`LayerProfile.flight_bytes`: a Mixer's residual gradient, 3.0% under without it); a
+        module reduces after FSDP2 resharded the whole unit, none of its unsharded parameters live (`Inner.resharded`:
         charged gathered, a GroupNorm CNN's fused head was 8% over). Keyed by
         (moment, k) so plain and checkpointed moments pair up (`solve.milp`). Charging the
         whole unit's gradients next to its largest workspace over-predicted fused HF decoders
         by 12-18%; charging every module's sharded gradients from the start, 5% on a Mixer."""
         out, before, layers = {}, 0, self.layer_bytes
+        tied = lambda k: self.tied_at is None or k <= self.tied_at  # noqa: E731 (it exists at layer k)
         for k, b in enumerate(layers):
             g = int(b.params * grad_bytes)
             if k + 1 < len(layers):
-                out["end", k] = Inner(g + before + b.ws, k + 1, k, False)
+                out["end", k] = Inner(g + before + b.ws, k + 1, k, False, tied=tied(k))
                 if not checkpointed:  # its backward starts: its activations still live
-                    out["start", k] = Inner(before + b.backward_own(b.ws), k + 1, k, False)
+                    out["start", k] = Inner(before + b.act - b.outside + b.ws, k + 1, k, False, tied=tied(k))
                 else:
-                    out["redo", k] = Inner(before + b.recompute_own(), k + 1, k, False)
+                    out["redo", k] = Inner(before + b.redo - b.outside + b.ws, k + 1, k, False, tied=tied(k))
+                if b.outside:  # [Note: the code between a fused unit's layers], [Note: the backward of code
+                    code = before + (b.kept if checkpointed else b.act) + b.ows + layers[k + 1].flight  # between layers]
+                    out["code", k] = Inner(code, k + 1, k, False, True, tied=tied(k) and k != self.tied_at)
                 # the gradient of its output has arrived: live as it gathers
-                out["regather", k] = Inner(before + (b.kept if checkpointed else b.act - b.outside) + b.out,
-                                           k + 1, k, True)
+                out["regather", k] = Inner(before + (b.kept if checkpointed else b.act - b.outside) + b.out + b.flight,
+                                           k + 1, k, True, tied=tied(k))
                 if b.calls > 1:  # a repeated layer's earlier call, its later layers reduced ([Note:
                     for key, gathered in (("recall", True), ("recall_redo", False)):  # a repeated module's later calls])
                         out[key, k] = Inner(before + _recall_own(b, checkpointed, gathered) + g, k + 1, k, gathered)
             # accumulating in place, the last layer (the first to reduce) added into the
             # gradients held whole; the layers after the unit's reduce make theirs anew
-            out["reduce", k] = Inner((0 if in_place and k + 1 == len(layers) else g) + before, k, k, False, True)
+            out["reduce", k] = Inner((0 if in_place and k + 1 == len(layers) else g) + before, k, k, False, True,
+                                     tied=tied(k))
             before += b.kept if checkpointed else b.act
         return out
 
@@ -322,6 +372,26 @@ def _recall_own(b, checkpointed: bool, gathered: bool) -> int:
     if gathered:
         return own + b.out - own // b.calls
     return (b.redo - b.kept // b.calls if checkpointed else own - own // b.calls) + b.recall_ws
+
+
+def outside_backward_bytes(units, i: int) -> int:
+    """Unit i's `outside_workspace_bytes` (the backward of the code after its last layer) and
+    the gradients in flight as the next unit's first layer starts its backward ([Note: the
+    backward of code between layers]); 0 where it has no such code."""
+    ows = units[i].outside_workspace_bytes
+    if not ows or i + 1 >= len(units) or not units[i + 1].layer_bytes:
+        return ows
+    return ows + units[i + 1].layer_bytes[0].flight
+
+
+# [Note: the backward of code between layers]
+# Code between two layers (a residual sum and its pooling, an auxiliary loss) runs its backward
+# after the later layer's window closes and before the earlier one's opens, beside the gradients
+# in flight as the later one's opened: they wait for a sum that code makes (a deep-supervised
+# CNN's pooled branch beside its auxiliary loss's: 7.5% under its verified peak without them).
+# Measuring that gap's whole window instead counted the backward of whole modules run there (a
+# layer object called again, an attention the root's code calls) beside what the memory model
+# counts apart: 4-9% over.
 
 
 def code_held_terms(units, i: int) -> list[tuple[int, int, int, int]]:

@@ -28,7 +28,7 @@ from shardsched.cost.memory import state_bytes
 from shardsched.cost.strategy import all_reduces
 from shardsched.solve.candidates import Choice, Problem, once
 from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad
-from shardsched.sim.unit_cost import code_held_terms
+from shardsched.sim.unit_cost import code_held_terms, outside_backward_bytes
 from shardsched.solve.milp import FS, FSN, HS, HSGO, REP, SGO, costs_of
 from shardsched.solve.replay import Replay
 
@@ -219,20 +219,20 @@ class _Tables:
     def _backward(self, p: Problem, c) -> None:
         n, costs, ks = p.n, p.costs, tuple(Strategy)
         f64 = lambda v: np.array([np.nan if a is None else a for a in v], dtype=np.float64)  # noqa: E731
-        self.root = f64(c.root_grad if holds_root_grad(i, n) else 0 for i in range(n))
+        self.root = f64(c.root_grad if holds_root_grad(i, c.tied_unit) else 0 for i in range(n))
         self.start = np.array([[_own(c, i, x, c.bwd_own[i], c.ck_start[i], "start") for x in range(3)]
                                for i in range(n)], dtype=np.float64)
-        self.ugrad, self.ws, self.grad_in = f64(c.ugrad), f64(c.ws), f64(u.grad_in_bytes() for u in costs)
+        self.ugrad, self.ws, self.grad_in = f64(c.ugrad), f64(c.ws), f64(c.grad_in)
         self.fused = np.array([e is not None for e in c.last_end])
         self.last_end = np.array([f64(_own(c, i, x, *c.last_end[i], "last_end") for x in range(3))
                                   if c.last_end[i] is not None else np.zeros(3) for i in range(n)])
         self.inner_most = np.array([[f64(c.inner_most[i][s]) for s in ks] if c.inner_most[i] is not None
                                     else np.zeros((len(ks), 3)) for i in range(n)])
-        self.outside = f64(u.outside_workspace_bytes for u in costs)
+        self.outside = f64(outside_backward_bytes(costs, i) for i in range(n))
         self.has_outside = np.array([bool(u.outside_workspace_bytes) for u in costs])
         # `base` counts the root's gradient as held at unit i; the loss runs before the head's
-        self.outside_root = f64(c.root_grad * (holds_root_grad(i, n, outside=True) - holds_root_grad(i, n))
-                                for i in range(n))
+        self.outside_root = f64(c.root_grad * (holds_root_grad(i, c.tied_unit, outside=True)
+                                               - holds_root_grad(i, c.tied_unit)) for i in range(n))
         # a repeated layer's earlier call, gathered again (gt 1) then computing (gt 0)
         self.has_recall = [np.array([bool(c.recall[i][g][0] or c.recall[i][g][1]) for i in range(n)])
                            for g in (0, 1)]

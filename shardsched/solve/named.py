@@ -146,7 +146,7 @@ def unit_bytes(p: Problem, i: int, k: Strategy) -> int:
     forms = [c] + ([p.selective[i]] if p.selective else [])
     act = sum(f.activation_bytes + f.workspace_bytes + f.lead_activation_bytes + f.input_bytes + f.entry_bytes
               + f.exit_bytes + f.checkpointed_lead_bytes + f.outside_workspace_bytes + f.outside_activation_bytes
-              + f.outside_input_bytes + f.code_held_bytes + sum(b.out + b.inp + b.held for b in f.layer_bytes)
+              + f.outside_input_bytes + f.code_held_bytes + sum(b.out + b.inp + b.held + b.code for b in f.layer_bytes)
               for f in forms)
     return 2 * (2 * states + act)
 

@@ -5,6 +5,8 @@ the windows between ([Note: gradients held beside a window]), the root's pooling
 recomputed encoder's output ([Note: what outside code saves again]), and a recomputed decoder
 keeps the input its encoder saved (`LayerProfile.input_saved_bytes`): 25-40% under on the
 backward moments, 9.6% under at the peak of full_shard+ckpt, without them."""
+import dataclasses
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -58,13 +60,18 @@ def test_unet_backward_moments_match_fsdp2(strategy):
     model, inputs = build(SPEC)
     plan, _ = plan_for(model, inputs, PlanSpec(strategy, WORLD, False))
     profile = trace_profile(model, inputs, name="generated", device=DEVICES["cpu"])
-    steps = step_memory(scenario_for(plan, profile, Cluster(world=WORLD, gpus_per_node=WORLD, device=DEVICES["cpu"])))
-    predicted = {m.name.removeprefix("B:"): m.total for m in steps if m.name.startswith("B:")}
+    sc = scenario_for(plan, profile, Cluster(world=WORLD, gpus_per_node=WORLD, device=DEVICES["cpu"]))
+    # The code between two units (the root's pooling) runs its backward outside both modules'
+    # windows, which FSDPMemTracker gives the root ([Note: the backward of code between layers]):
+    # each unit's own moments are compared without it, and the step with it is never less.
+    inside = dataclasses.replace(sc, units=tuple(dataclasses.replace(u, outside_workspace_bytes=0) for u in sc.units))
+    predicted = {m.name.removeprefix("B:"): m.total for m in step_memory(inside) if m.name.startswith("B:")}
+    whole = {m.name.removeprefix("B:"): m.total for m in step_memory(sc) if m.name.startswith("B:")}
     measured, peak = _backward_peaks(plan)
     assert set(predicted) <= set(measured)
     for name, total in predicted.items():
+        assert whole[name] >= measured[name], name
         if name == "head":  # the loss's backward runs inside the head's moment (an upper bound there)
-            assert total >= measured[name]
             continue
         assert total == pytest.approx(measured[name], rel=0.005), name
     assert plan.predicted.peak_bytes == pytest.approx(peak, rel=0.005)

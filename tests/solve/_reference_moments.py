@@ -10,7 +10,7 @@ import numpy as np
 
 from shardsched.core.types import Strategy
 from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad
-from shardsched.sim.unit_cost import code_held_terms
+from shardsched.sim.unit_cost import code_held_terms, outside_backward_bytes
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.solve.greedy import _mode, _own, with_accumulation
 from shardsched.solve.milp import costs_of
@@ -85,7 +85,7 @@ class ReferenceEvaluator:
         c, n = self.c, self.p.n
         i = 2 * n - 1 - s
         held_rs = rs[i + 1][1] if i + 1 < n else 0
-        base = pers + U[i] + G[i + 1] + (c.root_grad if holds_root_grad(i, n) else 0)
+        base = pers + U[i] + G[i + 1] + (c.root_grad if holds_root_grad(i, c.tied_unit) else 0)
         u = unsh[i]
         x = _mode(ch, i)
         k = ch.strategies[i]
@@ -97,10 +97,10 @@ class ReferenceEvaluator:
         else:  # module by module (`UnitCost.last_end`, `UnitCost.inner_moments`)
             m = max(m, u + self.act[i] + _own(c, i, x, *c.last_end[i], "last_end") + held_rs + inc[s],
                     u + self.act[i] + c.inner_most[i][k][x] + inc[s])
-        outside = self.p.costs[i].outside_workspace_bytes  # the loss's backward, before it gathers
+        outside = outside_backward_bytes(self.p.costs, i)  # the loss's backward, before it gathers
         if outside:
             # `base` counts the root's gradient as held at unit i; the loss runs before the head's
-            root = c.root_grad * (holds_root_grad(i, n, outside=True) - holds_root_grad(i, n))
+            root = c.root_grad * (holds_root_grad(i, c.tied_unit, outside=True) - holds_root_grad(i, c.tied_unit))
             m = max(m, held[i] + self.act[i + 1] + outside + held_rs + exc[s] + root)
         for gt, (plain, full) in zip((1, 0), c.recall[i]):  # a repeated layer's earlier call
             if plain or full:  # gathered again, then computing (`UnitCost.recall_bytes`)
@@ -108,5 +108,5 @@ class ReferenceEvaluator:
                 m = max(m, u + gt * forward_gathers(self.p.costs[i], k) * u + self.act[i]
                         + (plain, full, sac)[x] + held_rs + inc[s])
         if ch.strategies[i].gathers_for_backward:  # copy-out, its post-forward slice still live
-            m = max(m, 2 * u + held[i] + self.act[i + 1] + self.p.costs[i].grad_in_bytes() + held_rs + exc[s])
+            m = max(m, 2 * u + held[i] + self.act[i + 1] + c.grad_in[i] + held_rs + exc[s])
         return base + m

@@ -145,3 +145,27 @@ def check_rows_and_evaluator(p, b, ev, ch: Choice) -> None:
     assert [v * milp.GiB for v in rows] == pytest.approx(sim, abs=64)
     objective = b.m.offset + sum(c * v for c, v in zip(b.m.cost, x))  # E[2n], and the share's term
     assert objective * b.tscale == pytest.approx(replay(p.scenario(ch)).step_seconds, rel=1e-12)
+
+
+def test_memory_rows_and_evaluator_match_simulator_with_a_tied_head_between_layers():
+    """A root owning a tied tensor whose gradient the code after layer 2 of 5 makes (a loss and
+    tied head between layers, what it saved and its backward workspace): the moments before hold
+    none of it ([Note: where the root's tied gradient appears] in profile/trace.py), in the MILP's
+    rows and greedy's evaluator as in the simulator, whether layer 2 ends its unit or not."""
+    base = synth(5, 5)
+    root = LayerProfile(name="", params=4 * 10**6, forward_seconds=1e-3, backward_seconds=2e-3,
+                        activation_bytes=10**6)
+    layers = list(base.layers)
+    layers[2] = dataclasses.replace(layers[2], makes_tied_grad=True, outside_bytes=20 * 10**6,
+                                    outside_workspace_bytes=40 * 10**6,
+                                    activation_bytes=layers[2].activation_bytes + 20 * 10**6)
+    prof = dataclasses.replace(base, layers=(root, *layers), root_tied_numel=4 * 10**6)
+    problems = candidate_problems(prof, CLUSTER, **KW)
+    late = [p for p in problems if any(c.tied_late for c in p.costs)]
+    ends = [p for p in problems if not any(c.tied_late for c in p.costs)]
+    assert late and ends
+    r = random.Random(11)
+    for p in late[:4] + ends[:2]:
+        b, ev = milp._Build(p, budget=1 << 40, ahead=p.n, t_ub=None), Evaluator(p)
+        for _ in range(15):
+            check_rows_and_evaluator(p, b, ev, random_choice(p, r))

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from shardsched.cost.device import DEVICES, Cluster
+from shardsched.cost.device import DEVICES
 from shardsched.profile.trace import trace_profile
-from shardsched.solve.build import make_plan
-from shardsched.verify.engine import verify_plan
 
 from . import user_models as um
+from ._predicted import predicted_and_verified
 
 CASES = [("full_shard", True), ("full_shard", False), ("shard_grad_op", True), ("shard_grad_op+sac", True),
          ("shard_grad_op+sac", False), ("full_shard+ckpt", True), ("replicate", True), ("replicate+ckpt", True)]
@@ -29,11 +28,8 @@ def mixer():
 
 @pytest.mark.parametrize("strategy,fuse", CASES, ids=[f"{s}-{'fused' if f else 'per-layer'}" for s, f in CASES])
 def test_outside_code_between_layers_is_predicted_as_verified(mixer, strategy, fuse):
-    model, inputs, profile = mixer
-    plan = make_plan(profile, Cluster(world=4, gpus_per_node=4, device=DEVICES["cpu"]), strategy=strategy, fuse=fuse)
-    assert (max(len(u.layers) for u in plan.units) > 1) == fuse
-    verified = verify_plan(model, inputs, plan).peak_bytes
-    assert abs(plan.predicted.peak_bytes / verified - 1) <= 0.005, (plan.predicted.peak_bytes, verified)
+    predicted, verified = predicted_and_verified(*mixer, strategy, fuse=fuse, world=4)
+    assert abs(predicted / verified - 1) <= 0.005, (predicted, verified)
 
 
 def test_the_held_residual_is_the_heads_alone(mixer):

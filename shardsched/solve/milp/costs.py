@@ -6,8 +6,8 @@ import dataclasses
 from typing import NamedTuple
 
 from shardsched.cost.strategy import all_reduces, gather_seconds, held_after_forward, reduce_seconds, shard_count
-from shardsched.sim.memory import (forward_gathers, in_place_held, in_place_reduce_bytes, own_grad_bytes, reduce_moment_bytes,
-                                    root_grad_bytes)
+from shardsched.sim.memory import (forward_gathers, holds_root_grad, in_place_held, in_place_reduce_bytes, own_grad_bytes,
+                                    reduce_moment_bytes, root_grad_bytes)
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.solve.milp.model import REP
 from shardsched.plan.schedule import optimizer_seconds_per_param
@@ -87,6 +87,14 @@ class Costs(NamedTuple):
     """Per unit, its own bytes in the backward of a repeated layer's earlier call, as it is
     gathered again and as it computes, each (plain, checkpointed) (`UnitCost.recall_bytes`;
     0: no layer repeats)."""
+    tied_unit: int
+    """The unit from whose backward on the root's tied gradient exists (`Scenario.tied_unit`;
+    `holds_root_grad`). In it, where a layer before its last makes it (`UnitCost.tied_late`),
+    the moments before hold none: `bwd_own`, `ck_start`, `last_end`, `grad_in`, `inner` and
+    their selective forms are net of `root_grad` there, which the rows add to every moment
+    ([Note: where the root's tied gradient appears] in profile/trace.py)."""
+    grad_in: list[int]
+    """`UnitCost.grad_in_bytes` per unit (net as above): its backward copy-out's gradient."""
 
 
 class Selective(NamedTuple):
@@ -130,11 +138,13 @@ def costs_of(p: Problem) -> Costs:
     rs_by = [{k: reduce_moment_bytes(c, shard_count(k, cl), reduce=sb.reduce, grad=sb.unsharded_grad, own_grad=g)
               for k in ks} for c, g in zip(p.costs, ugrad)]
     rs_kept_by = [{k: c.module_reduce_numel(shard_count(k, cl), last=True) * sb.reduce for k in ks} for c in p.costs]
-    inner = [_inner(c, sb, cl, unsh_by[i], sc.accumulates_in_place, sc.accumulates_sharded)
+    root, tied = root_grad_bytes(sc), sc.tied_unit
+    untied = [root if c.tied_late and holds_root_grad(i, tied) else 0 for i, c in enumerate(sc.units)]
+    inner = [_inner(c, sb, cl, unsh_by[i], sc.accumulates_in_place, sc.accumulates_sharded, root=untied[i])
              if len(c.layers) > 1 and c.layer_bytes else None
              for i, c in enumerate(p.costs)]
     plain, ckpt = sc, dataclasses.replace(sc, checkpoint=(True,) * sc.n)  # for `Scenario.forward_bytes`
-    sac = _selective(p, sb, cl, inner) if p.selective else [None] * p.n
+    sac = _selective(p, sb, cl, inner, untied) if p.selective else [None] * p.n
     return Costs(agf=[{k: gather_seconds(k, b[k], cl, backward=False) for k in ks} for b in unsh_by],
                  agb=[{k: gather_seconds(k, b[k], cl, backward=True) if k.gathers_for_backward else 0.0 for k in ks}
                       for b in unsh_by],
@@ -150,23 +160,24 @@ def costs_of(p: Problem) -> Costs:
                  unsh_by=unsh_by, rs_by=rs_by, root_grad=root_grad_bytes(sc),
                  act=[c.activation_bytes for c in p.costs], inp=[c.input_bytes for c in p.costs],
                  ws=[c.workspace_bytes for c in p.costs],
-                 ck_start=[ckpt.backward_start(i) for i in range(sc.n)],
+                 ck_start=[ckpt.backward_start(i) - untied[i] for i in range(sc.n)],
                  fwd_own=[(plain.forward_bytes(i), ckpt.forward_bytes(i)) for i in range(sc.n)],
-                 bwd_own=[c.backward_peak() for c in p.costs], rs_kept_by=rs_kept_by,
+                 bwd_own=[c.backward_peak() - d for c, d in zip(p.costs, untied)], rs_kept_by=rs_kept_by,
                  recall=[tuple(tuple(c.recall_bytes(sb.unsharded_grad, checkpointed=ck, gathered=gt)
                                      for ck in (False, True)) for gt in (True, False)) for c in p.costs],
                  last_end=[tuple(c.last_end(sb.unsharded_grad, checkpointed=ck, in_place=sc.accumulates_in_place)
-                                 for ck in (False, True))
+                                 - untied[i] for ck in (False, True))
                            if plain.fused(i) else None for i, c in enumerate(p.costs)],
                  inner=inner, inner_most=[_inner_most(rows, s.inner if s else None) for rows, s in zip(inner, sac)],
                  lead=[c.lead_activation_bytes for c in p.costs], cklead=[c.checkpointed_lead_bytes for c in p.costs],
                  # every moment holds these: the inputs, the buffers, the loss, Adam's step scalars
                  input_bytes=sc.input_bytes + sc.buffer_bytes + sc.loss_bytes + sc.optimizer_scalar_bytes,
                  state=sb, opt_factor=sc.optimizer_workspace_factor,
-                 opt_per_param=optimizer_seconds_per_param(sb, cl), sac=sac)
+                 opt_per_param=optimizer_seconds_per_param(sb, cl), sac=sac, tied_unit=tied,
+                 grad_in=[c.grad_in_bytes() - d for c, d in zip(p.costs, untied)])
 
 
-def _selective(p: Problem, sb, cl, inner: list) -> list:
+def _selective(p: Problem, sb, cl, inner: list, untied: list[int]) -> list:
     """`Costs.sac`: the selective forms of the units, read as checkpointed."""
     sc = p.scenario(Choice(tuple(REP for _ in p.allowed), tuple(range(p.n)), (None,) * p.n,
                            (Checkpoint.SELECTIVE,) * p.n))
@@ -179,18 +190,19 @@ def _selective(p: Problem, sb, cl, inner: list) -> list:
         moments = c.inner_moments(sb.unsharded_grad, checkpointed=True, in_place=sc.accumulates_in_place) if fused else {}
         keys = sorted(set(p.costs[i].inner_moments(sb.unsharded_grad, checkpointed=False)) | set(moments)) \
             if fused else []
-        out.append(Selective(inp=c.input_bytes, start=sc.backward_start(i), fwd_own=sc.forward_bytes(i),
+        out.append(Selective(inp=c.input_bytes, start=sc.backward_start(i) - untied[i], fwd_own=sc.forward_bytes(i),
                              lead=c.checkpointed_lead_bytes,
                              last_end=c.last_end(sb.unsharded_grad, checkpointed=True, in_place=sc.accumulates_in_place)
-                             if sc.fused(i) else None,
+                             - untied[i] if sc.fused(i) else None,
                              loss=c.after_forward(),
-                             inner=[moments[k].own if k in moments else None for k in keys] if fused else None,
+                             inner=[moments[k].beside_root(untied[i]) if k in moments else None for k in keys]
+                             if fused else None,
                              rec=c.recompute(), recall=tuple(c.recall_bytes(sb.unsharded_grad, checkpointed=True, gathered=gt)
                                                                 for gt in (True, False))))
     return out
 
 
-def _inner(c, sb, cl, unsh: dict, in_place: bool = False, sharded: bool = False) -> list[tuple]:
+def _inner(c, sb, cl, unsh: dict, in_place: bool = False, sharded: bool = False, root: int = 0) -> list[tuple]:
     """`Costs.inner` of one fused unit: its moments plain and checkpointed, paired by key,
     with what each holds per strategy, less the unit's unsharded parameters where FSDP2 has
     resharded it (`Inner.resharded`; `sim.memory._Live.inner`; `in_place`:
@@ -208,7 +220,8 @@ def _inner(c, sb, cl, unsh: dict, in_place: bool = False, sharded: bool = False)
         m = plain.get(key) or ck[key]
         per = {k: (in_place_held(*held[k], m, len(c.layers) - 1, rs[k]) if held else rs[k][m.reducing] + done[k][m.done])
                + (forward_gathers(c, k) * unsh[k] if m.gathered else 0) - (unsh[k] if m.resharded else 0) for k in ks}
-        out.append((plain[key].own if key in plain else None, ck[key].own if key in ck else None, per))
+        out.append((plain[key].beside_root(root) if key in plain else None,
+                    ck[key].beside_root(root) if key in ck else None, per))
     return out
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from shardsched.sim.unit_cost import code_held_terms
+from shardsched.sim.unit_cost import code_held_terms, outside_backward_bytes
 from shardsched.sim.memory import extra_gather, forward_gathers, holds_root_grad
 from shardsched.solve.milp.costs import _sac
 from shardsched.solve.milp.model import REP, GiB, _add
@@ -150,14 +150,14 @@ class _MemoryRows:
         live = _add(base, {self.U[i]: 1.0, self.G[i + 1]: 1.0})
         (a0, k0), (a1, k1) = self.A[i], self.A[i + 1]
         pend = _add(_add(live, a0), self._pending(s, inclusive=True))
-        inp = c.input_bytes + (c.root_grad if holds_root_grad(i, n) else 0)  # `sim.memory.root_grad_bytes`
+        inp = c.input_bytes + (c.root_grad if holds_root_grad(i, c.tied_unit) else 0)  # `sim.memory.root_grad_bytes`
         start = _add(_add(_add(pend, u), held_rs), self._ck_term(i, c.ck_start[i] - c.bwd_own[i],
                                                                  _sac(c, i, "start", c.bwd_own[i]) - c.bwd_own[i]))
         self._mem(s, start, k0 + (c.bwd_own[i] + inp) * g, cap)
-        outside = self.p.costs[i].outside_workspace_bytes
+        outside = outside_backward_bytes(self.p.costs, i)
         if outside:  # the loss's backward before the unit gathers (`sim.memory` [Note: the loss ...])
             held = self.zexpr(i, {k: c.held[i][k] * g for k in self.z[i]})
-            root = c.root_grad if holds_root_grad(i, n, outside=True) else 0
+            root = c.root_grad if holds_root_grad(i, c.tied_unit, outside=True) else 0
             self._mem(s, _add(_add(_add(_add(live, a1), held), held_rs), self._pending(s, inclusive=False)),
                       k1 + (outside + c.input_bytes + root) * g, cap)
         if c.last_end[i] is None:  # backward ends, reduce
@@ -185,7 +185,7 @@ class _MemoryRows:
             base = _add(_add(_add(_add(live, a1), self._pending(s, inclusive=False)), held_rs), own)
             big = self._bytes_bound() * g  # more than any moment can hold
             for more, extra in self._accumulation(s):
-                terms, const = _add(base, more), k1 + (inp + self.p.costs[i].grad_in_bytes()) * g + extra
+                terms, const = _add(base, more), k1 + (inp + c.grad_in[i]) * g + extra
                 self.m.row(_add(terms, {v: big for v in gate}), hi=cap - const + big)
                 self.mem_rows.append((s, terms, const, tuple(gate)))
 
