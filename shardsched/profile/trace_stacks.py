@@ -125,7 +125,8 @@ def fold_target(key: str, ran: list[str], final) -> str | None:
         return key
     order = [PRE, *ran]
     i = order.index(key) if key in order else 0
-    found = next((o for o in reversed(order[:i]) if o in final), None) or next((o for o in order[i:] if o in final), None)
+    found = next((o for o in reversed(order[:i]) if o in final), None) or \
+        next((o for o in order[i:] if o in final), None)
     # no layer at all (every candidate called again after another ran: [Note: a repeated layer
     # between other layers]): the root is the whole model, its work the root's
     return found if found is not None else (L.ROOT if L.ROOT in final else None)

@@ -320,7 +320,8 @@ class _Live:
 
     def inner(self, i: int) -> list[tuple[int, int, int, int, int, bool]]:
         """(own, ReduceScatter input, sharded gradients, AllGather output, unsharded parameters
-        freed) bytes, and whether the root's tied gradient may exist (`Inner.tied`), of each moment inside fused unit i's backward after its last layer's end
+        freed) bytes, and whether the root's tied gradient may exist (`Inner.tied`), of each
+        moment inside fused unit i's backward after its last layer's end
         (`UnitCost.inner_moments`); on DDP the gradients go to the bucket as produced: no
         reduction input, none sharded, nothing gathered or freed."""
         sc = self.sc

@@ -307,8 +307,9 @@ class UnitCost:
                     out["start", k] = Inner(before + b.act - b.outside + b.ws, k + 1, k, False, tied=tied(k))
                 else:
                     out["redo", k] = Inner(before + b.redo - b.outside + b.ws, k + 1, k, False, tied=tied(k))
-                if b.outside:  # [Note: the code between a fused unit's layers], [Note: the backward of code
-                    code = before + (b.kept if checkpointed else b.act) + b.ows + layers[k + 1].flight  # between layers]
+                if b.outside:  # [Note: the code between a fused unit's layers], beside the gradients in
+                    # flight ([Note: the backward of code between layers])
+                    code = before + (b.kept if checkpointed else b.act) + b.ows + layers[k + 1].flight
                     out["code", k] = Inner(code, k + 1, k, False, True, tied=tied(k) and k != self.tied_at)
                 # the gradient of its output has arrived: live as it gathers
                 out["regather", k] = Inner(before + (b.kept if checkpointed else b.act - b.outside) + b.out + b.flight,

@@ -6,8 +6,8 @@ import dataclasses
 from typing import NamedTuple
 
 from shardsched.cost.strategy import all_reduces, gather_seconds, held_after_forward, reduce_seconds, shard_count
-from shardsched.sim.memory import (forward_gathers, holds_root_grad, in_place_held, in_place_reduce_bytes, own_grad_bytes,
-                                    reduce_moment_bytes, root_grad_bytes)
+from shardsched.sim.memory import (forward_gathers, holds_root_grad, in_place_held, in_place_reduce_bytes,
+                                    own_grad_bytes, reduce_moment_bytes, root_grad_bytes)
 from shardsched.solve.candidates import Choice, Problem
 from shardsched.solve.milp.model import REP
 from shardsched.plan.schedule import optimizer_seconds_per_param
