@@ -377,9 +377,9 @@ def _tied_not_in_flight(layers: list[LayerProfile], tied: str | None, nbytes: in
     names = [lay.name for lay in layers]
     if tied is None or not nbytes or tied == names[-1]:
         return layers
-    out = []
+    out, at = [], names.index(tied)
     for k, lay in enumerate(layers):
-        cut = min(lay.flight_bytes, nbytes) if lay.name != L.ROOT and k <= names.index(tied) else 0
+        cut = min(lay.flight_bytes, nbytes) if lay.name != L.ROOT and k <= at else 0
         out.append(dataclasses.replace(lay, flight_bytes=lay.flight_bytes - cut,
                                        workspace_bytes=max(0, lay.workspace_bytes - cut),
                                        bucketed_workspace_bytes=max(0, lay.bucketed_workspace_bytes - cut))

@@ -262,8 +262,9 @@ class Tagger(TorchFunctionMode):
                     t.grad_fn.metadata[_TAG] = self.tracer.forward_key()
         return out
 
-
     def _tied_reads(self, tree) -> None:
+        """Note the layer running as forward reads a tensor reachable by several names ([Note:
+        where the root's tied gradient appears] in profile/trace.py)."""
         tr = self.tracer
         for t in L.tensors_in(tree):
             k = storage_key(t)

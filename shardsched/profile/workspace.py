@@ -211,12 +211,14 @@ ROOT_TAIL = "<root-tail>"
 # its verified peak with half its activations standing for it).
 
 
-def _log_peak(log) -> int:
-    """The most a window's event log (allocations +, frees -) held above its start."""
+def _log_peak(log, left_out=frozenset()) -> int:
+    """The most a window's event log (allocations +, frees -) held above its start, the storages
+    `left_out` (by key) not counted."""
     running = peak = 0
-    for _, delta in log:
-        running += delta
-        peak = max(peak, running)
+    for key, delta in log:
+        if key not in left_out:
+            running += delta
+            peak = max(peak, running)
     return peak
 
 
@@ -271,13 +273,13 @@ class BackwardWorkspace(TorchDispatchMode):
         self._tail: list[int] | None = None  # [base, peak] once every window has closed
         self.workspace: dict[str, int] = {}
         self.recall: dict[str, int] = {}
-        self.backward = False  # the loss is computed
-        self.forward_top = 0
-        """The most live in forward (a model with no layer: the root's forward moment)."""
+        """Per repeated module, the most its backward windows after the first held."""
         self.flight: dict[str, int] = {}
         """Per module, the gradients in flight beside it as its backward starts ([Note: gradients
         held beside a window]): live at its backward's pre-hook, as FSDP2 gathers it again."""
-        """Per repeated module, the most its backward windows after the first held."""
+        self.backward = False  # the loss is computed
+        self.forward_top = 0
+        """The most live in forward (a model with no layer: the root's forward moment)."""
         self._closed: dict[str, int] = {}
         self._fopen: dict[str, list[int]] = {}  # forward windows: name -> [base, peak]
         self.forward: dict[str, int] = {}
@@ -336,12 +338,7 @@ class BackwardWorkspace(TorchDispatchMode):
         alive = made - {k for k, d in log if d < 0 and k}
         incoming = {self._keys.get(g.untyped_storage(), 0) for g in [grad] if isinstance(g, torch.Tensor)}
         left_out = alive - incoming  # gradients in flight: counted where they wait
-        running = peak = 0
-        for key, delta in log:
-            if key not in left_out:
-                running += delta
-                peak = max(peak, running)
-        self.loss_window[self._parents.get(name, name)] = peak
+        self.loss_window[self._parents.get(name, name)] = _log_peak(log, left_out)
 
     def _accumulated(self, param: torch.Tensor) -> None:
         """A parameter's gradient is in `.grad` (its first one stored, later ones added in)."""

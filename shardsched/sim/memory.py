@@ -407,12 +407,12 @@ def _backward(live: _Live, s: int) -> list[MemoryBreakdown]:
     # Backward frees the unit's activations as it produces its gradients: at the
     # start all activations are live, at the end all gradients; the workspace
     # (gradients of the largest activations) is live throughout.
-    own = u.bucketed_peak() if live.ddp else sc.backward_start(i)  # (DDP plans recompute nothing)
-    if live.ddp and u.tied_late:
+    moments = []
+    if live.ddp and u.tied_late:  # (DDP plans recompute nothing)
         own, after = u.bucketed_peaks()
-        moments = [_mb(live, unsharded=unsharded, grads=grads + root, act=act + after, comm=held_rs + pending)]
+        moments.append(_mb(live, unsharded=unsharded, grads=grads + root, act=act + after, comm=held_rs + pending))
     else:
-        moments = []
+        own = u.bucketed_peak() if live.ddp else sc.backward_start(i)
     moments.append(_mb(live, unsharded=unsharded, grads=grads, act=act + own, comm=held_rs + pending))
     if not sc.fused(i):
         moments += [_mb(live, unsharded=unsharded, grads=grads + live.ugrad[i],
