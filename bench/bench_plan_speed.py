@@ -1,7 +1,7 @@
 """Planning time and quality of `--strategy auto` (2-core machine target: < 10 s per big case).
 
-Per case, for the plan `shardsched plan` makes by default (one search at the budget;
-`--monotone`: the budget ladder, `solve.ladder`, as `plan --monotone`): seconds (wall, and the
+Per case, for the plan `shardsched plan` makes by default (the budget ladder, `solve.ladder`;
+`--one-search`: one search at the budget, as `plan --one-search`): seconds (wall, and the
 process's CPU seconds: the machine is shared, and the search is one thread, HiGHS included, so
 CPU seconds are what an idle machine would take), status, the gap to the bound over the whole
 search space, and the ratio of the plan's step time to the plan of a 10x longer search at the
@@ -80,7 +80,7 @@ def _cluster(case: Case) -> Cluster:
 
 
 def plan(case: Case, effort: Effort, *, ladder: bool = False):
-    """`ladder`: as `plan --monotone` plans (the budget ladder, `solve.ladder`); else one search, as `plan`."""
+    """`ladder`: as `plan` plans (the budget ladder, `solve.ladder`); else one search, as `plan --one-search`."""
     prof, cl = _profile(case), _cluster(case)
     t0, c0 = time.perf_counter(), time.process_time()
     how = ladder_plan if ladder else auto_plan
@@ -148,8 +148,8 @@ def main() -> None:
     ap.add_argument("--deep", action="store_true", help="--random draws 48-96 layers on 256-1024 workers")
     ap.add_argument("--tenx-first", type=int, default=None, metavar="K",
                     help="the 10x search on the first K cases only (it takes minutes each)")
-    ap.add_argument("--monotone", action="store_true",
-                    help="time the budget ladder (`plan --monotone`) instead of one search at the budget")
+    ap.add_argument("--one-search", action="store_true",
+                    help="time one search at the budget (`plan --one-search`) instead of the budget ladder (`plan`)")
     args = ap.parse_args()
     if args.random:
         rng, cases = random.Random(args.seed), []
@@ -160,7 +160,7 @@ def main() -> None:
     else:
         cases = [c for c in CASES if args.only in (None, c.name)]
     k = len(cases) if args.tenx_first is None else args.tenx_first
-    ladder = args.monotone
+    ladder = not args.one_search
     ratios = run(cases[:k], tenx=not args.no_10x, ladder=ladder) + (run(cases[k:], tenx=False, ladder=ladder)
                                                                     if k < len(cases) else [])
     if ratios:

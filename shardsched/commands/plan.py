@@ -56,7 +56,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a("--no-fuse", action="store_true", help="one unit per layer (no block-size fusion)")
     a("--time-limit", type=float, default=None,
       help="safety cut-off in seconds for the auto planner (default none): its work limit, not the clock, decides "
-           "the plan; a run this cuts short says so in its status and may differ between machines")
+           "the plan; a run this cuts short says so in its status and may differ between machines (it makes one "
+           "search at the budget, as --one-search)")
     a("--global-batch", type=int, default=None,
       help="rows per optimizer step across all workers: the planner also chooses the micro-batch (a divisor of "
            "global-batch/world, unless --micro-batch is given) and the accumulation steps and --grad-sync mode, "
@@ -66,11 +67,12 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     a("--max-batch", action="store_true",
       help="print the largest micro-batch that fits --memory-budget (default: device memory) under each uniform "
            "strategy and under auto, then exit")
-    a("--monotone", action="store_true",
-      help="auto: answer from the budget ladder (searches at fixed budgets x1.15 apart from the least-memory "
-           "figure, answered from those at or below the budget), so a larger budget never gets a slower plan "
-           "across separate runs; its searches are lighter, so its plan can be slower than the default's one "
-           "search at the budget")
+    a("--one-search", action="store_true",
+      help="auto: one search at the budget instead of the budget ladder (the default: searches at fixed budgets "
+           "x2 apart from the least-memory figure, ascended toward the next, and the exact optima of small "
+           "groupings, so a larger budget never gets a slower plan across separate runs); one search can be "
+           "faster at one budget, and slower at a larger one")
+    a("--monotone", action="store_true", help=argparse.SUPPRESS)  # the default since issue 27's ladder
     a("--no-verify", action="store_true",
       help="skip running the plan once under FSDP2 on fake tensors before it is returned (the plan then says it "
            "is unverified, and auto plans are fitted to the prediction alone)")
@@ -160,7 +162,8 @@ def run_plan(args: argparse.Namespace) -> int:
         def replan(b: int | None, *, selective: bool = True) -> Plan:
             # selective=False: [Note: a plan the engine cannot run] in verify/loop.py
             space = profile if selective else profile.without_selective()
-            if auto and getattr(args, "monotone", False):  # [Note: the budget ladder] in solve/ladder.py
+            ladder = not getattr(args, "one_search", False) and not getattr(args, "time_limit", None)
+            if auto and ladder:  # [Note: the budget ladder] in solve/ladder.py
                 from shardsched.core.types import Optimizer
                 from shardsched.solve.ladder import ladder_plan
                 return stated(ladder_plan(space, cluster, spec=parse_strategy_spec(strategy), precision=precision,

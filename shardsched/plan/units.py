@@ -303,10 +303,11 @@ def code_held_of(layers: list[LayerProfile]) -> tuple[dict[str, tuple[int, int, 
     auxiliary head, counted at the whole fused unit's forward, were 11% over)."""
     names = {layer.name for layer in layers}
     per: dict[str, tuple[int, int, int]] = {}
-    for layer in layers:
+    for k, layer in enumerate(layers):
         for name, t in layer.code_held.items():
-            if name not in names:
-                old = per.get(name, (0, 0, 0))
+            if name not in names:  # the first layer's entries as they are: one below 0 nets off
+                # what its `code_held_bytes` holds ([Note: an output only selective checkpointing saves])
+                old = per.get(name, (0, 0, 0) if k else (-1 << 62,) * 3)
                 per[name] = tuple(max(old[i], held_as(t, i)) for i in range(3))
     return per, layers[0].code_held_bytes if layers else 0
 

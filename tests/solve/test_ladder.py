@@ -1,7 +1,9 @@
 """Issue 27, part 2: separate runs at budgets b < b' never give a slower plan at b'
 (`solve.ladder`, [Note: the budget ladder]): random budget pairs, each planned on its own (at a tenth of
 the default local work to keep it short: the argument holds at any effort; `plan`'s default
-effort: tests/verify/test_cli_verify.py); the rungs are fixed by the model and cluster alone."""
+effort: tests/verify/test_cli_verify.py); the rungs are fixed by the model and cluster alone; the
+ascent's chain up to b is the chain up to b' cut short ([Note: the ascent]); the answer is never
+slower than the exact optimum of a small grouping at b (HiGHS to completion)."""
 from __future__ import annotations
 
 import random
@@ -16,7 +18,11 @@ from shardsched.profile.analytic import analytic_profile
 from shardsched.solve.auto import declared_space
 from shardsched.solve.baselines import uniform_baselines
 from shardsched.solve.ladder import RATIO, ladder_plan, least_memory_floor, rungs
-from shardsched.solve.search import Effort
+from shardsched.solve import milp
+from shardsched.solve.ascent import ascend
+from shardsched.solve.effort import ahead_for
+from shardsched.solve.greedy import Evaluator
+from shardsched.solve.search import Effort, prefetched_least
 
 KW = dict(precision=Precision.BF16_MIXED, optimizer=Optimizer.ADAM)
 EFFORT = Effort(local_work=40_000)
@@ -39,7 +45,7 @@ def test_more_budget_never_gives_a_slower_plan(config):
     prof, cl, spec, lo, hi = _setup(*config)
     rng = random.Random(27)
     budgets = sorted({rng.randrange(lo, hi) for _ in range(4)} | {lo, hi})
-    # two budgets within one rung interval and the rung itself: the answers are equal there
+    # the rung itself and budgets within one rung interval (the ascent's points between)
     r = rungs(lo, hi)[1]
     budgets = sorted(set(budgets) | {r, r + 1, min(hi, int(r * RATIO) - 1)})
     plans = {b: ladder_plan(prof, cl, spec=spec, memory_budget_bytes=b, effort=EFFORT, **KW) for b in budgets}
@@ -54,3 +60,33 @@ def test_more_budget_never_gives_a_slower_plan(config):
 def test_rungs_do_not_depend_on_the_budget():
     assert rungs(100, 1000) == rungs(100, 2000)[:len(rungs(100, 1000))]
     assert all(b / a <= RATIO for a, b in zip(rungs(100, 1000), rungs(100, 1000)[1:]))
+
+
+def test_the_chain_up_to_a_budget_is_the_longer_chain_cut_short():
+    prof, cl, spec, lo, hi = _setup(*CONFIGS[1])
+    p = max(declared_space(prof, cl, spec=spec, **KW)[1], key=lambda q: q.n)
+    ch, top = prefetched_least(p), 2 * lo
+    full = ascend(p, ch, top=top, evals=200_000)
+    assert len(full) > 3
+    ev = Evaluator(p)
+    for a, b in zip(full, full[1:]):  # each point faster, fitting the top, scored as greedy scores it
+        assert b.seconds < a.seconds and b.peak <= top
+        assert (ev.seconds(b.choice), ev.peak(b.choice)) == (b.seconds, b.peak)
+    for stop in sorted({pt.peak for pt in full})[:-1]:
+        cut = ascend(p, ch, top=top, evals=200_000, stop=stop)
+        first_above = next(i for i, pt in enumerate(full) if pt.peak > stop)
+        assert cut == full[:first_above + 1]
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=["gpt3L", "llama6L"])
+def test_never_slower_than_a_small_groupings_exact_optimum(config):
+    prof, cl, spec, lo, hi = _setup(*config)
+    problems = declared_space(prof, cl, spec=spec, **KW)[1]
+    b = (lo + hi) // 2
+    plan = ladder_plan(prof, cl, spec=spec, memory_budget_bytes=b, effort=EFFORT, **KW)
+    small = [p for p in problems if p.n <= EFFORT.light_units]
+    assert small
+    for p in small:
+        r = milp.solve(p, budget=b, ahead=ahead_for(p.n), nodes=10 ** 9)
+        assert r.status == "optimal"
+        assert plan.predicted.step_seconds <= r.objective * (1 + 1e-9)

@@ -1,5 +1,5 @@
 """Verification through the commands: `plan` states the verified peak (JSON and table) or why
-there is none; `plan --monotone` (the budget ladder) never gets slower with more memory; the models issue 26
+there is none; `plan` (the budget ladder) never gets slower with more memory; the models issue 26
 found crashing or refused plan and train for real, 2 steps on 2 gloo workers."""
 from __future__ import annotations
 
@@ -32,11 +32,11 @@ def test_the_plan_states_its_verified_peak_or_that_it_has_none():
     assert off["verified"] is None and any("not verified (--no-verify)" in n for n in off["notes"])
 
 
-def test_monotone_plans_never_get_slower_with_more_memory():
+def test_plans_never_get_slower_with_more_memory():
     seconds = []
     for budget in ("9MiB", "9.1MiB", "11MiB", "14MiB"):
         r = shardsched("plan", "--model", "tiny", "--device", "cpu", "--world", "4", "--memory-budget", budget,
-                       "--monotone", "--no-verify", "--json")
+                       "--no-verify", "--json")
         assert r.returncode == 0, r.stderr
         seconds.append(json.loads(r.stdout)["predicted"]["step_seconds"])
     assert all(b <= a for a, b in zip(seconds, seconds[1:])), seconds
