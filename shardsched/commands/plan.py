@@ -162,15 +162,10 @@ def run_plan(args: argparse.Namespace) -> int:
         def replan(b: int | None, *, selective: bool = True) -> Plan:
             # selective=False: [Note: a plan the engine cannot run] in verify/loop.py
             space = profile if selective else profile.without_selective()
-            ladder = not getattr(args, "one_search", False) and not getattr(args, "time_limit", None)
-            if auto and ladder:  # [Note: the budget ladder] in solve/ladder.py
-                from shardsched.core.types import Optimizer
-                from shardsched.solve.ladder import ladder_plan
-                return stated(ladder_plan(space, cluster, spec=parse_strategy_spec(strategy), precision=precision,
-                                          optimizer=Optimizer(args.optimizer), memory_budget_bytes=b), budget)
             return stated(make_plan(space, cluster, strategy=strategy, precision=precision, optimizer=args.optimizer,
                                     memory_budget_bytes=b, fuse=not args.no_fuse,
-                                    time_limit=args.time_limit or math.inf), budget)
+                                    time_limit=args.time_limit or math.inf,
+                                    one_search=getattr(args, "one_search", False)), budget)
         plan, usable, replan = replan(planned), planned, (replan if auto else None)
     plan = _verified(args, plan, sized, profile, built, replan=replan, usable=usable)
     return _finish(args, plan, profile, cluster, budget, given, spec, seq)
