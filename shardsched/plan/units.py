@@ -295,6 +295,14 @@ def held_in_unit(layers: list[LayerProfile], k: int, *, mode: Checkpoint = Check
     return sum(held_as(layers[k].code_held.get(j.name, (0, 0, 0)), held_index(mode)) for j in layers[:k])
 
 
+def exit_net_of_held(layers: list[LayerProfile]) -> int:
+    """Its last layer's `exit_bytes` less what the calling code holds that the unit's forward
+    moments count already (`code_held_bytes`, added to each of them, the exit's too): measured, the
+    exit window holds it as well (a Perceiver's `kv` held through its head: per layer under
+    shard_grad_op +6.5% without this)."""
+    return max(0, layers[-1].exit_bytes - min(layers[0].code_held_bytes, layers[-1].code_held_bytes))
+
+
 def code_held_of(layers: list[LayerProfile]) -> tuple[dict[str, tuple[int, int, int]], int]:
     """(`UnitCost.code_held`, `code_held_bytes`): per layer before the unit, the most any of
     its layers' forwards sees held of that layer's outputs (an upper bound of the most at one
@@ -348,8 +356,13 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
             for k, (b, layer) in enumerate(zip(cost.layer_bytes, layers))))
         last = len(layers) - 1
         held = held_in_unit(layers, last, mode=mode) - held_in_unit(layers, last)
+        # what its policy keeps of the outputs the caller holds past the unit's end (a Perceiver's
+        # kv): in the exit window, measured without it ([Note: an output only selective checkpointing saves])
+        kept_held = sum(max(0, -held_as(t, held_index(mode))) for name, t in layers[-1].code_held.items()
+                        if name in {layer.name for layer in layers[:-1]})
         return dataclasses.replace(cost, recompute_seconds=recompute, selective=True, outside_input_bytes=(
             layers[-1].selective_outside_input_bytes if cost.outside_workspace_bytes else 0),
+                                   exit_kept_bytes=kept_held,
                                    checkpointed_lead_bytes=cost.checkpointed_lead_bytes - last_extra + held)
     names = tuple(layer.name for layer in layers)
     last_input = own_inputs(layers[-1]) if len(layers) > 1 else 0
@@ -374,7 +387,7 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
                     outside_workspace_bytes=layers[-1].outside_workspace_bytes,
                     outside_activation_bytes=layers[-1].outside_bytes if layers[-1].outside_workspace_bytes else 0,
                     input_bytes=sum(map(kept_when_checkpointed, layers)),
-                    entry_bytes=layers[0].entry_bytes, exit_bytes=layers[-1].exit_bytes,
+                    entry_bytes=layers[0].entry_bytes, exit_bytes=exit_net_of_held(layers),
                     lead_saved_before_bytes=layers[0].input_saved_before_bytes if layers[0].calls <= 1 else 0,
                     lead_resaved_bytes=layers[0].input_resaved_bytes if layers[0].calls <= 1 else None,
                     **dict(zip(("code_held", "code_held_bytes"), code_held_of(layers))),

@@ -82,6 +82,9 @@ class UnitCost:
     """Selective form only: its last layer's saved outputs that the code outside it reads
     (`LayerProfile.selective_outside_input_bytes`): at that code's forward they are the input
     `outside_workspace_bytes // 2` stands for, so they are not counted twice (`after_forward`)."""
+    exit_kept_bytes: int = 0
+    """Selective form only: of `exit_bytes`, the outputs of its earlier layers the caller holds
+    that its policy keeps too (counted in its activations: `after_forward`)."""
     code_held: dict = field(default_factory=dict)
     """Its first layer's `LayerProfile.code_held`: per earlier layer, (bytes when that layer
     recomputes, when selectively) of its outputs the calling code holds beside this unit's
@@ -189,7 +192,8 @@ class UnitCost:
         windows] in profile/workspace.py), or else the loss's logits-sized temporary (half
         `outside_workspace_bytes`, [Note: the loss before the unit's backward]), less what a
         selective last layer already keeps of the loss's input (its logits)."""
-        return max(0, max(self.exit_bytes, self.outside_workspace_bytes // 2) - self.outside_input_bytes)
+        return max(0, max(self.exit_bytes - self.exit_kept_bytes, self.outside_workspace_bytes // 2)
+                   - self.outside_input_bytes)
 
     def recompute(self) -> float:
         """Seconds its backward recomputes when checkpointed (`recompute_seconds`)."""
