@@ -22,6 +22,7 @@ import dataclasses
 from typing import NamedTuple
 
 from shardsched.core.types import Checkpoint, Strategy
+from shardsched.plan.kept import kept_in_unit, kept_when_checkpointed, own_inputs, recompute_live, recomputed_bytes, shared_input
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.sim.unit_cost import UnitCost
 
@@ -79,19 +80,6 @@ def unit_dims(layers: list[LayerProfile]) -> tuple[tuple[int, int], ...]:
     if any(layer.params and not layer.dims for layer in layers):
         return ()
     return tuple(d for layer in layers for d in layer.dims)
-
-
-def kept_when_checkpointed(layer: LayerProfile) -> int:
-    """A checkpointed layer's inputs, and what code outside it saved (not recomputed), its
-    own saved outputs among them (`LayerProfile.outside_kept_bytes`)."""
-    return own_inputs(layer) + layer.outside_bytes + layer.outside_kept_bytes
-
-
-def own_inputs(layer: LayerProfile) -> int:
-    """Its inputs that it keeps when recomputed, less what code outside every layer saved
-    first (kept by that code: counted in the activations it is folded into; a residual CNN
-    after an `nn.Sequential` stem with its ReLU between layers was 9% over counting it again)."""
-    return max(0, layer.input_bytes - layer.input_saved_outside_bytes)
 
 
 # [Note: selective checkpointing as kept bytes]
@@ -180,29 +168,6 @@ def _as_selective(layer: LayerProfile) -> LayerProfile:
 # ran 4.2% above its prediction, and over its budget, without this moment
 # (`UnitCost.recall_bytes`, a moment in `sim.memory`, a row in the MILP).
 
-def recomputed_bytes(layer: LayerProfile) -> int:
-    """Live bytes of a checkpointed layer while one of its calls is recomputed: what it saves,
-    and its kept input where an earlier layer's own code saved it (`LayerProfile.
-    input_saved_before_bytes`: a conv block after a ReLU-ending block ran 6% above its
-    prediction as that input was left out; one after a ReLU outside the layers, 9.7% below
-    when its kept input was counted again) or where nothing saves it (`unsaved_input`)."""
-    c = max(1, layer.calls)
-    kept = kept_when_checkpointed(layer)
-    if c > 1:
-        return layer.activation_bytes // c + kept - kept // c
-    return layer.activation_bytes + layer.input_saved_before_bytes + unsaved_input(layer)
-
-
-def unsaved_input(layer: LayerProfile) -> int:
-    """Of its (first call's) inputs, those nothing saved before it ran and its own code does
-    not save: an `nn.LSTM` saves a time-major copy of its (B, T, d) input, not the input.
-    Checkpointed, the layer keeps them beside all it recomputes (a tied LSTM LM was 1.7% under
-    its verified peak at the recomputed LSTM's backward without them); 0 where unknown."""
-    if layer.input_saved_bytes is None:
-        return 0
-    return max(0, layer.entry_bytes - layer.input_saved_bytes)
-
-
 class LayerBytes(NamedTuple):
     """What the moments inside a unit read of each of its layers (`sim.scenario.UnitCost`)."""
     kept: int          # kept when checkpointed (inputs, outside code's saved bytes)
@@ -222,6 +187,7 @@ class LayerBytes(NamedTuple):
     ows: int = 0       # ... and that code's backward workspace (`outside_workspace_bytes`)
     code: int = 0      # held by the calling code as it starts, beyond its unit's first layer's (`code_held_bytes`)
     flight: int = 0    # gradients in flight beside it as its backward starts (`flight_bytes`)
+    posts: bool = True  # FSDP2 runs its post-backward (`LayerProfile.input_needs_grad`)
 
     def backward_own(self, window: int, flight: int = 0) -> int:
         """Its activations and `window` (its workspace, or its DDP one) as its backward runs, the
@@ -269,13 +235,15 @@ def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
         # the branch it adds; half its backward workspace where that is more), less what the
         # calling code held as it started, counted beside its moments already (`code`)
         produced = max(produced, max(ows // 2, layer.exit_bytes - layer.code_held_bytes) if inner else 0)
-        out.append(LayerBytes(kept_when_checkpointed(layer), layer.activation_bytes, ws,
-                              layer.params - layer.frozen_params, recomputed_bytes(layer), produced,
+        redo = max(recomputed_bytes(layer), recompute_live(layer) - ws) - shared_input(layers, k)
+        out.append(LayerBytes(kept_in_unit(layers, k), layer.activation_bytes, ws,
+                              layer.params - layer.frozen_params, redo, produced,
                               max(ck_produced, produced),
                               own_inputs(layer) // max(1, layer.calls), layer.output_bytes, max(1, layer.calls),
                               layer.recall_workspace_bytes or ws, layer.bucketed_workspace_bytes or ws, held,
                               layer.outside_bytes if inner else 0, ows if inner else 0,
-                              max(0, layer.code_held_bytes - layers[0].code_held_bytes), layer.flight_bytes))
+                              max(0, layer.code_held_bytes - layers[0].code_held_bytes), layer.flight_bytes,
+                              layer.input_needs_grad))
     return tuple(out)
 
 
@@ -381,12 +349,13 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
                     lead_activation_bytes=sum(layer.activation_bytes for layer in layers[:-1]) + (
                         layers[-1].entry_bytes if layers[-1].input_saved_bytes is not None and len(layers) > 1
                         else last_input) + _later_call(layers, checkpointed=False) + last_code,
-                    checkpointed_lead_bytes=sum(map(kept_when_checkpointed, layers[:-1])) + last_input
+                    checkpointed_lead_bytes=sum(kept_in_unit(layers, k) for k in range(len(layers) - 1)) + last_input
+                    - shared_input(layers, len(layers) - 1)
                     + held_in_unit(layers, len(layers) - 1) + _later_call(layers, checkpointed=True) + last_code,
                     workspace_bytes=workspace_bytes(layers),
                     outside_workspace_bytes=layers[-1].outside_workspace_bytes,
                     outside_activation_bytes=layers[-1].outside_bytes if layers[-1].outside_workspace_bytes else 0,
-                    input_bytes=sum(map(kept_when_checkpointed, layers)),
+                    input_bytes=sum(kept_in_unit(layers, k) for k in range(len(layers))),
                     entry_bytes=layers[0].entry_bytes, exit_bytes=exit_net_of_held(layers),
                     lead_saved_before_bytes=layers[0].input_saved_before_bytes if layers[0].calls <= 1 else 0,
                     lead_resaved_bytes=layers[0].input_resaved_bytes if layers[0].calls <= 1 else None,

@@ -14,7 +14,9 @@ each what the plain trace counted it as: saved by its producer's own code (live 
 layer only when the producer recomputes: `LayerProfile.code_held`), saved by nothing before
 the later layer runs (always: `LayerProfile.code_held_bytes`), or kept by some other code that
 ran (counted already). An output that a layer run in between takes as its input is that
-layer's to keep, and counted there. A U-Net's selective plan ran 3.3% above its prediction,
+layer's to keep, and counted there, unless nothing saves it (a Linear given a transposed GRU
+output saves its contiguous copy: the output itself, in the caller's local, was 4.8% under a
+pointer network's verified peak under full_shard). A U-Net's selective plan ran 3.3% above its prediction,
 and an auto plan over its budget, without this.
 
 [Note: results of outside code the caller holds]
@@ -145,9 +147,10 @@ def code_held(held: HeldOutputs, status: dict[Tag, str], layer: str, final: set[
     per, always = {}, 0
     for (producer, idx), nbytes in held.held[layer]:
         between = held.order[order[producer] + 1:order[layer]]
-        if producer not in final or any((producer, idx) in held.inputs.get(n, ()) for n in between):
-            continue
         s = status.get((producer, idx), "none")
+        if producer not in final or any((producer, idx) in held.inputs.get(n, ()) for n in between) \
+                and s not in ("none", "none-sac", "none-sac-all"):  # that layer's, if anything saved it
+            continue
         if s in ("own", "own-sac", "own-sac-all"):
             full, sel, sel_all = per.get(producer, (0, 0, 0))
             per[producer] = (full + nbytes, sel + (0 if s == "own-sac" else nbytes),

@@ -70,7 +70,7 @@ class Untraceable(UsageError):
 # a U-Net's encoder) saves the same tensor again: it is in the block's activations and nowhere
 # else. When the block recomputes it saves nothing, but the pooling still holds its output until
 # its own backward, so a checkpointed block keeps it beside its inputs
-# (`LayerProfile.outside_kept_bytes`, read by `plan.units.kept_when_checkpointed`). A U-Net
+# (`LayerProfile.outside_kept_bytes`, read by `plan.kept.kept_when_checkpointed`). A U-Net
 # checkpointed everywhere ran 9.6% above its prediction without it (its encoders' outputs).
 
 @pinned_storage_keys()  # [Note: storage keys] in trace_record.py
@@ -161,6 +161,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
     finally:
         tracer.stats.workspace.update(ws.finish())
         tracer.stats.forward_peak.update(ws.forward)
+        tracer.stats.recompute_peak.update(ws.recompute)
         tracer.stats.exit.update(ws.exit)
         tracer.stats.recall.update(ws.recall)
         tracer.stats.flight.update(ws.flight)
@@ -273,11 +274,19 @@ def _shared_output(st: Stats, k: int, keys: tuple, nbytes: int, *, outside: bool
     layer (a GELU between layers, folded into the producer): that key's saved tensors, kept
     inputs or `outside_bytes` count it in any plan, so the producer's selective layer does not
     count it again (`LayerProfile.selective_saved_bytes`; a Mixer whose GELU follows its Linear
-    layers was 11% over under `+sac`)."""
+    layers was 11% over under `+sac`). Saved by outside code, it is no unsaved input of that
+    code's forward either (its exit window does not count it), so it leaves
+    `selective_outside_input_bytes` too (a VAE's MSE loss saving the decoder's output, under
+    shard_grad_op+sac 3.0% under with it taken off the loss's transient)."""
     for sc in st.sac.values():
         for key in sc.seen.get(k) or ():
             if key not in keys or outside:
                 sc.saved[key] -= nbytes
+        if outside and k in sc.read_outside:  # counted there when that code read it
+            for key in sc.seen.get(k) or ():
+                sc.outside[key] -= nbytes
+        if outside:
+            sc.read_outside.add(k)  # and never counted there from now on
 
 
 def _forward_without_saving(model: nn.Module, state: dict, inputs: tuple, names: list[str], children: list[str],
@@ -324,6 +333,7 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: Stats, device: DeviceS
         outside_workspace_bytes=outside_workspace(st.outside_largest.get(name, 0), st.loss_window.get(name, 0))
         if name != L.ROOT else 0,
         forward_peak_bytes=st.forward_peak.get(name, 0) if name != L.ROOT else 0,
+        recompute_peak_bytes=st.recompute_peak.get(name, 0) if name != L.ROOT else 0,
         checkpointed_forward_bytes=st.forward_nosave.get(name, 0) if name != L.ROOT else 0,
         exit_bytes=st.exit.get(name, 0) if name != L.ROOT else 0, output_bytes=st.output.get(name, 0),
         recall_workspace_bytes=st.recall.get(name, 0) if st.calls.get(name, 1) > 1 else 0,
@@ -336,8 +346,9 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: Stats, device: DeviceS
         **_code_held(name, st),
         outside_kept_bytes=st.outside_kept.get(name, 0), input_saved_bytes=st.input_saved.get(name, 0),
         input_saved_before_bytes=st.input_saved_before.get(name, 0),
-        input_resaved_bytes=st.input_resaved.get(name, 0),
+        input_resaved_bytes=st.input_resaved.get(name, 0), input_shared_bytes=st.input_shared.get(name, 0),
         input_saved_outside_bytes=st.input_saved_outside.get(name, 0), calls=max(1, st.calls.get(name, 1)),
+        input_needs_grad=name == L.ROOT or name in st.grad_inputs or not st.calls.get(name),  # unseen: unknown
         forward_flops=fwd,
         backward_flops=bwd,
         forward_moved_bytes=st.moved["fwd"].get(name, 0), backward_moved_bytes=st.moved["bwd"].get(name, 0),

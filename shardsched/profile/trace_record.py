@@ -67,7 +67,9 @@ class Stats:
         self.inputs: dict[str, int] = defaultdict(int)
         self.entry: dict[str, int] = defaultdict(int)  # `LayerProfile.entry_bytes`
         self.calls: dict[str, int] = defaultdict(int)  # forward calls of each module
+        self.grad_inputs: set[str] = set()  # modules a call gave an input needing a gradient
         self.forward_peak: dict[str, int] = defaultdict(int)  # measured, [Note: forward windows]
+        self.recompute_peak: dict[str, int] = defaultdict(int)  # the same, up to its last save
         self.forward_nosave: dict[str, int] = defaultdict(int)  # the same, saving nothing
         self.exit: dict[str, int] = defaultdict(int)  # measured, [Note: exit windows]
         self.recall: dict[str, int] = defaultdict(int)  # repeated modules' later calls' windows
@@ -90,6 +92,7 @@ class Stats:
         self.input_saved_before: dict[str, int] = defaultdict(int)  # `LayerProfile.input_saved_before_bytes`
         self.input_saved_outside: dict[str, int] = defaultdict(int)  # `LayerProfile.input_saved_outside_bytes`
         self.input_resaved: dict[str, int] = defaultdict(int)  # `LayerProfile.input_resaved_bytes`
+        self.input_shared: dict[str, int] = defaultdict(int)  # `LayerProfile.input_shared_bytes`
         self.before_keys: dict[str, set] = {}  # per module, its first call's inputs an earlier layer saved
         self.outside_largest: dict[str, int] = defaultdict(int)  # its largest tensor
         self.loss_window: dict[str, int] = defaultdict(int)  # measured, [Note: the loss's backward window]
@@ -162,13 +165,20 @@ class Tracer:
                            if storage_key(t) in self.saved_keys and storage_key(t) not in self.persistent_keys
                            and storage_key(t) not in self.stats.saved_inside}
                 self.stats.input_saved_outside[name] = storage_bytes(list(outside.values()))
-            if name in self.layer_set and not self.stats.calls[name]:
+            if name in self.layer_set and not self.stats.calls[name]:  # `LayerProfile.input_shared_bytes`
+                self.stats.input_shared[name] = storage_bytes([
+                    t for t in L.tensors_in((args, kwargs)) if storage_key(t) in self.stats.layer_input_keys
+                    and storage_key(t) not in self.persistent_keys])
                 self._outside_held(name, {storage_key(t) for t in L.tensors_in((args, kwargs))})
             if given_twice(args, kwargs):  # [Note: inputs passed twice]: a child is never a unit,
                 self.stats.aliased.add(name)  # a layer is joined into its caller
                 if name in self.layer_set and self.escapes is not None:
                     self.escapes.aliased.add(name)
             self.stats.calls[name] += 1
+            # `LayerProfile.input_needs_grad` (under no_grad, a reentrant checkpoint's forward,
+            # FSDP2 hooks the recomputation instead)
+            if not torch.is_grad_enabled() or any(t.requires_grad for t in L.tensors_in((args, kwargs))):
+                self.stats.grad_inputs.add(name)
             if name in self.layer_set:
                 if not self.sequence or self.sequence[-1] != name:
                     self.sequence.append(name)

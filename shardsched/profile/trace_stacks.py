@@ -84,9 +84,9 @@ def expand(tracer: Tracer, full: list[str], kids: list[str], stacks) -> None:
     """Give every entry 2..n-1 the stats of the traced entry that stands for it."""
     st = tracer.stats
     targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
-    plain = (st.ops, st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak,
+    plain = (st.ops, st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak, st.recompute_peak,
              st.forward_nosave, st.entry, st.exit, st.output, st.recall, st.bucketed, st.flight,
-             st.outside_kept, st.input_saved, st.input_saved_before, st.input_saved_outside, st.input_resaved,
+             st.outside_kept, st.input_saved, st.input_saved_before, st.input_saved_outside, st.input_resaved, st.input_shared,
              *(d for sc in st.sac.values() for d in (sc.saved, sc.moved, sc.forward, sc.outside)))
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
                   {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
@@ -101,6 +101,8 @@ def expand(tracer: Tracer, full: list[str], kids: list[str], stacks) -> None:
             sc.flops[name] = defaultdict(float, f)
         for d, v in zip(plain, rest):
             d[name] = v
+        if src in st.grad_inputs:  # `LayerProfile.input_needs_grad`
+            st.grad_inputs.add(name)
 
     def order(ran: list[str], names: list[str]) -> list[str]:
         out = []
@@ -159,11 +161,13 @@ def fold(stats: Stats, ran: list[str], final: list[str]) -> None:
         stats.input_saved_before.pop(k, None)
         stats.input_resaved.pop(k, None)
         stats.input_saved_outside.pop(k, None)
+        stats.input_shared.pop(k, None)
         stats.outside_largest[target] = max(stats.outside_largest[target], stats.outside_largest.pop(k, 0),
                                             stats.largest_saved.pop(k, 0))
         stats.workspace[target] = max(stats.workspace[target], stats.workspace.pop(k, 0))
         stats.loss_window[target] = max(stats.loss_window[target], stats.loss_window.pop(k, 0))
         stats.forward_peak[target] = max(stats.forward_peak[target], stats.forward_peak.pop(k, 0))
+        stats.recompute_peak[target] = max(stats.recompute_peak[target], stats.recompute_peak.pop(k, 0))
         stats.forward_nosave[target] = max(stats.forward_nosave[target], stats.forward_nosave.pop(k, 0))
         stats.exit[target] = max(stats.exit[target], stats.exit.pop(k, 0))
         stats.recall[target] = max(stats.recall[target], stats.recall.pop(k, 0))

@@ -64,7 +64,7 @@ class LayerProfile:
     input_saved_before_bytes: int = 0
     """Of its (first call's) inputs, what an earlier layer's own code saved first (the ReLU
     ending the block before): counted in that layer's activations only, so a recomputed layer
-    holds it beside what it recomputes (`plan.units.recomputed_bytes`). An input code outside
+    holds it beside what it recomputes (`plan.kept.recomputed_bytes`). An input code outside
     every layer saved (a ReLU between `nn.Sequential` layers) is that code's, kept anyway."""
     input_resaved_bytes: int | None = None
     """Of `input_saved_before_bytes`, what its own code saves again (a conv after a ReLU saves
@@ -75,7 +75,11 @@ class LayerProfile:
     """Of its (first call's) inputs, what code outside every layer saved first (a ReLU between
     `nn.Sequential` layers): in the activations of the layer that code is folded into, kept
     whatever recomputes, so a checkpointed layer's kept inputs leave it out
-    (`plan.units.kept_when_checkpointed`)."""
+    (`plan.kept.kept_when_checkpointed`)."""
+    input_shared_bytes: int = 0
+    """Of its (first call's) inputs, the storages an earlier layer took as an input too (a
+    T5-style attention bias, an encoder's output every decoder layer reads): checkpointed
+    layers of one unit keep such a storage once (`plan.kept.kept_in_unit`)."""
     code_held: dict[str, tuple[int, ...]] = field(default_factory=dict)
     """Per earlier layer, (bytes when it recomputes, when selectively under `+sac`, under
     `+sac-all`; older profiles: the first two) of its
@@ -99,6 +103,11 @@ class LayerProfile:
     """Peak of its forward above the live bytes at its start (its output, saved tensors and
     transients), measured ([Note: forward windows] in profile/workspace.py); 0 = unknown
     (the planner then takes half the backward workspace as the transient)."""
+    recompute_peak_bytes: int = 0
+    """`forward_peak_bytes` as of the last tensor its forward saves for backward: what its
+    recomputation holds above its kept input, as non-reentrant checkpointing stops there
+    (`_StopRecomputationError` in torch/utils/checkpoint.py) before the transients after it
+    (a GRU's per-step outputs stacked and concatenated); 0 = unknown."""
     checkpointed_forward_bytes: int = 0
     """Peak of its forward above its start when it saves nothing, as a checkpointed layer runs
     (measured under `no_grad`, [Note: forward windows]); 0 = unknown."""
@@ -140,6 +149,12 @@ class LayerProfile:
     """Times its module runs in one forward (ALBERT's shared layer: once per depth).
     Parameters and workspace count once; `activation_bytes` and `input_bytes` are the
     sums over its calls ([Note: repeated modules] in plan/units.py)."""
+    input_needs_grad: bool = True
+    """Whether one of its forward inputs needs a gradient. FSDP2 runs a module's post-backward
+    (reshard, reduce) from a hook on those inputs, so a module with none (an embedding fed
+    indices, a Linear fed the batch) never runs it: inside a fused unit its gradients wait,
+    unsharded, for the next module's post-backward, and the unit stays gathered meanwhile
+    ([Note: modules with no post-backward] in sim/unit_cost.py)."""
     bucketed_workspace_bytes: int = 0
     """`workspace_bytes` as DDP runs the backward: each parameter's gradient leaves for the
     bucket as it is accumulated ([Note: bucketed windows] in profile/workspace.py), measured

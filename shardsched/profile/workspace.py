@@ -281,10 +281,13 @@ class BackwardWorkspace(TorchDispatchMode):
         self.forward_top = 0
         """The most live in forward (a model with no layer: the root's forward moment)."""
         self._closed: dict[str, int] = {}
-        self._fopen: dict[str, list[int]] = {}  # forward windows: name -> [base, peak]
+        self._fopen: dict[str, list[int]] = {}  # forward windows: name -> [base, peak, peak at its last save]
         self.forward: dict[str, int] = {}
         """Per module, the peak of its forward above the live bytes at its start: its output,
         what it saves and the transients beside them ([Note: forward windows])."""
+        self.recompute: dict[str, int] = {}
+        """Per module, that peak as of the last tensor its forward saved for backward: what its
+        recomputation holds (`LayerProfile.recompute_peak_bytes`)."""
         self.saved = 0
         """Bytes of the distinct storages saved for backward so far: the profiler's
         `saved_tensors_hooks` pack adds to it (`note_saved`)."""
@@ -396,11 +399,12 @@ class BackwardWorkspace(TorchDispatchMode):
 
         def fwd_pre(m, args):
             self.close_exits()  # the next module starts: the code between ends
-            self._fopen[name] = [self.live, self.live]
+            self._fopen[name] = [self.live, self.live, self.live]
 
         def fwd_post(m, args, out):
-            base, peak = self._fopen.pop(name, (self.live, self.live))
+            base, peak, saved = self._fopen.pop(name, (self.live, self.live, self.live))
             self.forward[name] = max(self.forward.get(name, 0), peak - base)
+            self.recompute[name] = max(self.recompute.get(name, 0), saved - base)
             self._gaps[name] = self.live
 
         self.handles += [module.register_forward_pre_hook(in_forward(fwd_pre)),
@@ -410,6 +414,8 @@ class BackwardWorkspace(TorchDispatchMode):
         """A storage saved for backward for the first time (the profiler's pack hook); with
         `storage`, it counts in `saved_live` until it is freed."""
         self.saved += nbytes
+        for window in self._fopen.values():  # `LayerProfile.recompute_peak_bytes`
+            window[2] = window[1]
         if storage is not None:
             self.saved_live += nbytes
             weakref.finalize(storage, self._unsave, nbytes)

@@ -186,9 +186,10 @@ def in_place_reduce_bytes(unit, rs: list[int], shard_bytes: int, reduce: int) ->
 
 
 def in_place_held(whole: int, freed: int, m, last: int, rs: list[int]) -> int:
-    """`in_place_reduce_bytes` of inner moment m (`UnitCost.inner_moments`) of a unit whose last
-    layer is `last` and whose layers' ReduceScatter inputs are `rs`: the first module's reduce is
-    its last layer's; the whole input is held until the next module reduces, its own after that."""
+    """`in_place_reduce_bytes` of inner moment m (`UnitCost.inner_moments`) of a unit whose first
+    module to reduce is layer `last` (`UnitCost.first_reduce`: its last layer, unless that runs
+    no post-backward) and whose layers' ReduceScatter inputs are `rs`: the whole input is held
+    until the next module reduces, its own after that."""
     if m.reducing == last:
         return whole if m.done == last else max(0, whole + freed)
     return rs[m.reducing] + freed
@@ -336,9 +337,11 @@ class _Live:
         freed = lambda m: self.unsharded[i] if m.resharded else 0  # noqa: E731
         if sc.accumulates_in_place:
             held = in_place_reduce_bytes(sc.units[i], rs, self.shard[i] * sc.state.grad, sc.state.reduce)
-            last = len(sc.units[i].layers) - 1
+            last = sc.units[i].first_reduce()
             return [(m.own, in_place_held(*held, m, last, rs), 0, ag(m), freed(m), m.tied) for m in moments]
-        return [(m.own, rs[m.reducing], done[m.done], ag(m), freed(m), m.tied) for m in moments]
+        extra = sc.reduce_extra_bytes(i)
+        return [(m.own, rs[m.reducing] + (extra[m.reducing] if m.output else 0), done[m.done], ag(m), freed(m), m.tied)
+                for m in moments]
 
 
 def step_memory(sc: Scenario) -> list[StepMemory]:

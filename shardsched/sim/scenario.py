@@ -157,6 +157,11 @@ class Scenario:
         """Each of unit i's layers' ReduceScatter input, padded to its strategy's shard count."""
         return self.units[i].layer_reduce_bytes(shard_count(self.strategies[i], self.cluster), self.state.reduce)
 
+    def reduce_extra_bytes(self, i: int) -> list[int]:
+        """Each of unit i's layers' reduce beyond its input and gradients (`UnitCost.reduce_extra_bytes`)."""
+        return self.units[i].reduce_extra_bytes(shard_count(self.strategies[i], self.cluster), self.state.reduce,
+                                                self.state.unsharded_grad)
+
     def done_bytes(self, i: int) -> list[int]:
         """Per layer of unit i: the sharded gradients of the layers after it."""
         return self.units[i].done_grad_bytes(shard_count(self.strategies[i], self.cluster), self.state.grad)

@@ -24,6 +24,9 @@ class Inner(NamedTuple):
     resharded: bool = False
     """Its unsharded parameters are freed: FSDP2's `post_backward` reshards the unit's group
     before it reduces (`FSDPParamGroup.post_backward`: `reshard()`, then `foreach_reduce`)."""
+    output: bool = False
+    """Its module's reduce allocates the ReduceScatter output beside the input while the
+    tracker still holds the last parameter's gradient (`UnitCost.reduce_extra_bytes`)."""
     tied: bool = True
     """The root's tied gradient can exist by now: False before the backward of the unit's layer
     that makes it (`UnitCost.tied_at`; [Note: where the root's tied gradient appears])."""
@@ -137,7 +140,8 @@ class UnitCost:
         largest layer's. A unit of one layer, or without per-layer dims: the whole unit's."""
         if len(self.layers) < 2 or len(self.layer_dims) != len(self.layers):
             return self.trainable(self.padded_numel(n))
-        sizes = [int(n * shard) for shard in self._layer_shards(n)]
+        shards, (nxt, _) = self._layer_shards(n), self._posting()
+        sizes = [int(n * sum(shards[k:nxt[k]])) for k in self._posts()]  # [Note: modules with no post-backward]
         return sizes[0] if last else max(sizes)
 
     @property
@@ -274,14 +278,44 @@ class UnitCost:
             return int(max((numel for _, numel in self.layer_dims[k]), default=0) * grad_bytes)
         return int(self.layer_bytes[k].params * grad_bytes)
 
+    def _posts(self) -> list[int]:
+        """Its layers whose post-backward FSDP2 runs, the first always (it reduces as the unit's
+        backward ends: [Note: modules with no post-backward])."""
+        return [k for k, b in enumerate(self.layer_bytes) if k == 0 or b.posts]
+
+    def _posting(self) -> tuple[list[int], int]:
+        """(per layer k: the first layer after k that runs its post-backward, the layer count
+        where none does; the last that does, the first to reduce)."""
+        posts, nxt, after = set(self._posts()), [], len(self.layer_bytes)
+        for k in range(len(self.layer_bytes) - 1, -1, -1):
+            nxt.append(after)
+            after = k if k in posts else after
+        return nxt[::-1], max(posts, default=0)
+
+    def first_reduce(self) -> int:
+        """Its layer whose post-backward reduces first (its last, unless its last layers run none)."""
+        return self._posting()[1]
+
     def last_end(self, grad_bytes: float, *, checkpointed: bool, in_place: bool = False) -> int:
         """Its own bytes at the end of its last layer's backward (the first to run backward):
         that layer's unsharded gradients and workspace next to the activations (kept bytes
         when checkpointed) of the layers before it; the previous unit's ReduceScatter input
-        is held (the caller's)."""
-        before = sum(b.kept if checkpointed else b.act for b in self.layer_bytes[:-1])
-        last = self.layer_bytes[-1]
-        return self.layer_grad(len(self.layer_bytes) - 1, grad_bytes, in_place=in_place) + before + last.ws
+        is held (the caller's). Where its last layers run no post-backward, the most of the
+        moments until its first reduce, their gradients waiting beside the unit gathered
+        ([Note: modules with no post-backward])."""
+        bs, first = self.layer_bytes, self.first_reduce()
+        before = sum(b.kept if checkpointed else b.act for b in bs[:-1])
+        waiting = self.layer_grad(len(bs) - 1, grad_bytes, in_place=in_place)
+        most = waiting + before + bs[-1].ws
+        for k in range(len(bs) - 2, first - 1, -1):
+            b = bs[k]
+            before -= b.kept if checkpointed else b.act
+            own = (b.kept if checkpointed else b.act) + b.ows + bs[k + 1].flight if b.outside else 0
+            start = (b.redo if checkpointed else b.act) - b.outside + b.ws
+            most = max(most, before + waiting + max(own, start, self.layer_grad(k, grad_bytes, in_place=in_place)
+                                                     + b.ws))
+            waiting += self.layer_grad(k, grad_bytes, in_place=in_place)
+        return most
 
     def inner_moments(self, grad_bytes: float, *, checkpointed: bool,
                       in_place: bool = False) -> dict[tuple[str, int], Inner]:
@@ -297,51 +331,75 @@ class UnitCost:
         gradient of its output (`LayerProfile.output_bytes`) and those in flight around it
         (`LayerProfile.flight_bytes`: a Mixer's residual gradient, 3.0% under without it); a
         module reduces after FSDP2 resharded the whole unit, none of its unsharded parameters live (`Inner.resharded`:
-        charged gathered, a GroupNorm CNN's fused head was 8% over). Keyed by
+        charged gathered, a GroupNorm CNN's fused head was 8% over). A module that runs no
+        post-backward neither reduces nor reshards: its gradients wait for the next reduce
+        ([Note: modules with no post-backward]). Keyed by
         (moment, k) so plain and checkpointed moments pair up (`solve.milp`). Charging the
         whole unit's gradients next to its largest workspace over-predicted fused HF decoders
         by 12-18%; charging every module's sharded gradients from the start, 5% on a Mixer."""
         out, before, layers = {}, 0, self.layer_bytes
+        (nxt, first), posts = self._posting(), set(self._posts())
         tied = lambda k: self.tied_at is None or k <= self.tied_at  # noqa: E731 (it exists at layer k)
+        grads = [int(b.params * grad_bytes) for b in layers]
         for k, b in enumerate(layers):
-            g = int(b.params * grad_bytes)
-            if k + 1 < len(layers):
-                out["end", k] = Inner(g + before + b.ws, k + 1, k, False, tied=tied(k))
+            g, r, wait = grads[k], nxt[k], sum(grads[k + 1:nxt[k]])  # `wait`: made, not reduced yet
+            if k < first:  # the moments before its first reduce are `last_end`'s
+                out["end", k] = Inner(g + wait + before + b.ws, r, k, False, tied=tied(k))
                 if not checkpointed:  # its backward starts: its activations still live
-                    out["start", k] = Inner(before + b.act - b.outside + b.ws, k + 1, k, False, tied=tied(k))
+                    out["start", k] = Inner(wait + before + b.act - b.outside + b.ws, r, k, False, tied=tied(k))
                 else:
-                    out["redo", k] = Inner(before + b.redo - b.outside + b.ws, k + 1, k, False, tied=tied(k))
+                    out["redo", k] = Inner(wait + before + b.redo - b.outside + b.ws, r, k, False, tied=tied(k))
                 if b.outside:  # [Note: the code between a fused unit's layers], beside the gradients in
                     # flight ([Note: the backward of code between layers])
                     code = before + (b.kept if checkpointed else b.act) + b.ows + layers[k + 1].flight
-                    out["code", k] = Inner(code, k + 1, k, False, True, tied=tied(k) and k != self.tied_at)
-                # the gradient of its output has arrived: live as it gathers
-                out["regather", k] = Inner(before + (b.kept if checkpointed else b.act - b.outside) + b.out + b.flight,
-                                           k + 1, k, True, tied=tied(k))
-                if b.calls > 1:  # a repeated layer's earlier call, its later layers reduced ([Note:
-                    for key, gathered in (("recall", True), ("recall_redo", False)):  # a repeated module's later calls])
-                        out[key, k] = Inner(before + _recall_own(b, checkpointed, gathered) + g, k + 1, k, gathered)
-            # accumulating in place, the last layer (the first to reduce) added into the
-            # gradients held whole; the layers after the unit's reduce make theirs anew
-            out["reduce", k] = Inner((0 if in_place and k + 1 == len(layers) else g) + before, k, k, False, True,
-                                     tied=tied(k))
+                    out["code", k] = Inner(wait + code, r, k, False, k + 1 in posts,
+                                           tied=tied(k) and k != self.tied_at)
+                if k + 1 in posts:  # the gradient of its output has arrived: live as it gathers
+                    out["regather", k] = Inner(before + (b.kept if checkpointed else b.act - b.outside) + b.out
+                                               + b.flight, r, k, True, tied=tied(k))
+            if b.calls > 1 and k + 1 < len(layers):  # a repeated layer's earlier call, its later layers
+                for key, gathered in (("recall", True), ("recall_redo", False)):  # reduced ([Note: a
+                    out[key, k] = Inner(wait + before + _recall_own(b, checkpointed, gathered) + g,  # repeated
+                                        min(r, first) if k >= first else r, k, gathered)  # module's later calls])
+            if k in posts:  # accumulating in place, the first to reduce added into the gradients held
+                # whole; the layers after the unit's reduce make theirs anew
+                out["reduce", k] = Inner((0 if in_place and k == first else g + wait) + before, k, k, False, True,
+                                         output=not in_place, tied=tied(k))
             before += b.kept if checkpointed else b.act
         return out
 
     def layer_reduce_bytes(self, n: int, reduce_bytes: float) -> list[int]:
         """Each layer's ReduceScatter input over n shards, in bytes: FSDP2 pads every
         parameter's dim 0 to a multiple of n (a CNN's 24 channels reduce as 64 at world 64:
-        counting them unpadded was 7% under). Without per-layer dims, its parameters."""
-        return [int(n * shard * reduce_bytes) for shard in self._layer_shards(n)]
+        counting them unpadded was 7% under). Without per-layer dims, its parameters. A layer
+        that runs no post-backward reduces with the layer before it (0 here)."""
+        shards, (nxt, _), posts = self._layer_shards(n), self._posting(), set(self._posts())
+        return [int(n * sum(shards[k:nxt[k]]) * reduce_bytes) if k in posts else 0 for k in range(len(shards))]
+
+    def reduce_extra_bytes(self, n: int, reduce_bytes: float, grad_bytes: float) -> list[int]:
+        """Per layer: what its reduce holds beyond its input and the gradients it reduces, as
+        `sim.memory.reduce_moment_bytes` holds for a unit (the output, 1/n of the input, beside
+        the last parameter's gradient, FSDP2's parameter order: its segment's last layer's); a
+        bot-first DLRM's final reduce, its 512 KB table the last, was 5.5% under without it."""
+        rs, (nxt, _) = self.layer_reduce_bytes(n, reduce_bytes), self._posting()
+        dims = self.layer_dims if len(self.layer_dims) == len(self.layer_bytes) else ()
+        out = []
+        for k, b in enumerate(self.layer_bytes):
+            last = next((d[-1][1] for d in reversed(dims[k:nxt[k]]) if d), 0) if dims else 0
+            made = sum(int(x.params * grad_bytes) for x in self.layer_bytes[k:nxt[k]])
+            out.append(max(0, rs[k] // n + int(last * grad_bytes) - made) if rs[k] else 0)
+        return out
 
     def done_grad_bytes(self, n: int, grad_bytes: float) -> list[int]:
-        """Per layer k: the sharded gradients of the layers after k (reduced before k's backward
-        ends), over n shards."""
+        """Per layer k: the sharded gradients of the layers reduced before k's backward ends
+        (those after k, but for the ones waiting for k's reduce), over n shards."""
         shards, out, after = self._layer_shards(n), [], 0
         for shard in reversed(shards):
             out.append(int(after * grad_bytes))
             after += shard
-        return out[::-1]
+        out = out[::-1]  # out[j]: the layers after j
+        nxt = self._posting()[0]
+        return [out[nxt[k] - 1] for k in range(len(shards))]
 
     def _layer_shards(self, n: int) -> list[float]:
         dims = self.layer_dims if len(self.layer_dims) == len(self.layer_bytes) else ()
@@ -364,6 +422,22 @@ class UnitCost:
         """Elements of the AllGather output / ReduceScatter input over n shards; the
         unsharded parameters are views into the AllGather output, so they occupy this too."""
         return n * self.shard_numel(n)
+
+
+# [Note: modules with no post-backward]
+# FSDP2 runs a module's post-backward (reshard the group, then `foreach_reduce` every gradient
+# its parameters hold so far) from a `RegisterPostBackwardFunction` on the module's forward
+# inputs that need a gradient (`FSDPParamGroup._register_post_backward_hook`); a module with
+# none (an embedding fed indices, a Linear fed the batch: `LayerProfile.input_needs_grad`) never
+# runs it. Inside a fused unit its gradients wait, unsharded, for the next module to run one,
+# which reduces them with its own; the unit is not resharded between, so the module before
+# it (in forward) does not gather again. The unit's first layer reduces as its backward ends
+# whatever it is fed (its post-backward, ours in runtime/own_backward.py, or FSDP2's final
+# callback). So a unit's layers fall into segments, each a layer that posts and the layers
+# after it that do not: a segment reduces as one (`layer_reduce_bytes`), the moments before
+# the unit's first reduce are `last_end`'s, and `done_grad_bytes` counts whole segments. A
+# DLRM fused into one unit (a dense MLP, four tables, a top MLP) was 12.8% under its verified
+# peak under shard_grad_op, its tables' gradients held as its first Linear gathered again.
 
 
 def _recall_own(b, checkpointed: bool, gathered: bool) -> int:

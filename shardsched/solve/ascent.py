@@ -10,8 +10,8 @@ point of the chain; a budget b takes the fastest point that fits it. The walk re
 rung's budget (`top`) and never b: the chain below b is the same for every b above it, which is
 what keeps the ladder monotone. It is lazy (Minoux 1978): the moves are surveyed once, kept in a
 heap by their gain per byte, and a move popped is scored again against the current schedule and
-taken only while it still leads; a new survey starts when the heap is empty. Work is counted in
-evaluations, as the local search's is ([Note: determinism] in `solve.search`).
+taken only while it still leads; a new survey (at most `SURVEYS`) starts when the heap is empty.
+Work is counted in evaluations, as the local search's is ([Note: determinism] in `solve.search`).
 """
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ Rejected: answering b from the rungs below plus a search at b seeded from them. 
 the same rungs then get two searches from the same seeds, and the larger can end slower. Rungs
 x1.149 apart with no chain (the ladder before): a budget up to 15% above its rung searched nothing
 there, and 13-20 rungs from the least-memory figure cost 5-24 CPU s (`bench_plan_speed.py --deep
---random 16 --seed 27 --monotone`: 6 of 16 within 1% of the 10x search, the worst 11.7% behind).
+--random 16 --seed 27`, session 27: 6 of 16 within 1% of the 10x search, the worst 11.7% behind).
 
 Cost: about (rungs below b: log2 of b over the least-memory figure, 1-4 on the bench) x (a light
 search + one or two chains of up to `Effort.local_work` unit-evaluations), the named pass at b, and

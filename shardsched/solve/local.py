@@ -144,7 +144,7 @@ def _singles(s: Local) -> bool:
     return took
 
 
-def survey(s: Local) -> list[Move]:
+def _survey(s: Local) -> list[Move]:
     """Every single move, fitting or not, with its cost (for the exchanges)."""
     out = []
     for i in range(s.p.n):
@@ -156,7 +156,7 @@ def survey(s: Local) -> list[Move]:
     return out
 
 
-def merge(p: Problem, a: Choice, b: Choice, base: Choice) -> Choice:
+def _merge(p: Problem, a: Choice, b: Choice, base: Choice) -> Choice:
     """`a`'s changes and `b`'s changes (relative to `base`) together."""
     def full(ch: Choice) -> Choice:
         return ch._replace(ckpt=ch.ckpt or (False,) * p.n)
@@ -169,13 +169,13 @@ def merge(p: Problem, a: Choice, b: Choice, base: Choice) -> Choice:
 
 def _exchange(s: Local) -> bool:
     """The best fitting pair of a faster move that does not fit and a move that frees memory."""
-    moves = survey(s)
+    moves = _survey(s)
     faster = sorted((m for m in moves if m.dt < 0 and s.peak + m.dpeak > s.budget), key=lambda m: m.dt)
     freeing = sorted((m for m in moves if m.dpeak < 0), key=lambda m: (m.dt / -m.dpeak, m.dt))
     for up in faster[:PAIR_TRIES]:
         over = s.peak + up.dpeak - s.budget
         for down in [m for m in freeing if -m.dpeak >= over and m.dt + up.dt < 0][:PAIR_TRIES]:
-            cand = merge(s.p, up.choice, down.choice, s.ch)
+            cand = _merge(s.p, up.choice, down.choice, s.ch)
             r = s._score(cand, need_fit=True, faster=True)
             if r is not None and s._take(cand, *r):
                 return True

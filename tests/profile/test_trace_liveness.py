@@ -7,7 +7,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from shardsched.cost.device import DEVICES
-from shardsched.plan.units import kept_when_checkpointed, recomputed_bytes
+from shardsched.plan.kept import kept_when_checkpointed, recomputed_bytes
 from shardsched.profile.trace import trace_profile
 
 CPU = DEVICES["cpu"]

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from shardsched.cost.device import DEVICES
 from shardsched.profile.trace import trace_profile
 
-from ._predicted import predicted_and_verified
+from ._predicted import traced_predicted_and_verified
 
 
 class DeepSup(nn.Module):
@@ -104,10 +104,7 @@ CASES = [(_deep_sup, "replicate", False), (_deep_sup, "shard_grad_op+ckpt", Fals
 @pytest.mark.parametrize("build,strategy,fuse", CASES,
                          ids=[f"{b.__name__[1:]}-{s}-{'fused' if f else 'per-layer'}" for b, s, f in CASES])
 def test_code_around_layers_is_predicted_as_verified(build, strategy, fuse):
-    torch.manual_seed(0)
-    model, inputs = build()
-    profile = trace_profile(model, inputs, name=build.__name__, device=DEVICES["cpu"])
-    predicted, verified = predicted_and_verified(model, inputs, profile, strategy, fuse=fuse, world=4)
+    predicted, verified = traced_predicted_and_verified(build, strategy, fuse=fuse)
     assert abs(predicted / verified - 1) <= 0.01, (predicted, verified)
 
 

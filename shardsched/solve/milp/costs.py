@@ -210,6 +210,7 @@ def _inner(c, sb, cl, unsh: dict, in_place: bool = False, sharded: bool = False,
     `sharded`: `Scenario.accumulates_sharded`, the layers reduced so far hold nothing more)."""
     ks = tuple(Strategy)
     rs = {k: c.layer_reduce_bytes(shard_count(k, cl), sb.reduce) for k in ks}
+    extra = {k: c.reduce_extra_bytes(shard_count(k, cl), sb.reduce, sb.unsharded_grad) for k in ks}
     done = {k: [0] * len(c.layer_bytes) if sharded and not all_reduces(k) else c.done_grad_bytes(shard_count(k, cl), sb.grad)
             for k in ks}
     held = {k: in_place_reduce_bytes(c, rs[k], c.shard_numel(shard_count(k, cl)) * sb.grad, sb.reduce)
@@ -218,7 +219,8 @@ def _inner(c, sb, cl, unsh: dict, in_place: bool = False, sharded: bool = False,
     out = []
     for key in sorted(set(plain) | set(ck)):
         m = plain.get(key) or ck[key]
-        per = {k: (in_place_held(*held[k], m, len(c.layers) - 1, rs[k]) if held else rs[k][m.reducing] + done[k][m.done])
+        per = {k: (in_place_held(*held[k], m, c.first_reduce(), rs[k]) if held
+                  else rs[k][m.reducing] + (extra[k][m.reducing] if m.output else 0) + done[k][m.done])
                + (forward_gathers(c, k) * unsh[k] if m.gathered else 0) - (unsh[k] if m.resharded else 0) for k in ks}
         out.append((plain[key].beside_root(root) if key in plain else None,
                     ck[key].beside_root(root) if key in ck else None, per))
