@@ -142,7 +142,7 @@ def run(cases: list[Case], *, tenx: bool, ladder: bool = False) -> list[float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--no-10x", action="store_true", help="skip the 10x longer searches")
-    ap.add_argument("--only", default=None, help="cases of this name only")
+    ap.add_argument("--only", default=None, help="cases of this name only (a random case: its first word, e.g. r10)")
     ap.add_argument("--random", type=int, default=0, metavar="N", help="N random configurations instead")
     ap.add_argument("--seed", type=int, default=0, help="seed of --random")
     ap.add_argument("--deep", action="store_true", help="--random draws 48-96 layers on 256-1024 workers")
@@ -158,7 +158,8 @@ def main() -> None:
             if case is not None:
                 cases.append(case)
     else:
-        cases = [c for c in CASES if args.only in (None, c.name)]
+        cases = CASES
+    cases = [c for c in cases if args.only in (None, c.name, c.name.split()[0])]  # a random one by "r10"
     k = len(cases) if args.tenx_first is None else args.tenx_first
     ladder = not args.one_search
     ratios = run(cases[:k], tenx=not args.no_10x, ladder=ladder) + (run(cases[k:], tenx=False, ladder=ladder)

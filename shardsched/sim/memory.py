@@ -267,43 +267,62 @@ class _Live:
             self.ugrad = [0] * sc.n
             if self.root_grad or sc.units[0].layers == ("",):
                 self.ugrad[0] = self.root_grad
+        self._per_step()
+
+    def _per_step(self) -> None:
+        """`unsharded_live`, `pending_gathers` and `sharded_grads` at every step, summed once
+        over the units by difference arrays (each is read at every moment of every step)."""
+        sc, steps = self.sc, 2 * self.sc.n + 2  # the optimizer step reads 2n + 1
+        unsh, pend, here = [0] * (steps + 1), [0] * (steps + 1), [0] * steps
+        for i in range(sc.n):
+            f, b = sc.f_step(i), sc.b_step(i)
+            unsh[f + 1] += self.held[i]  # f < s < b: held after forward
+            unsh[b] -= self.held[i]
+            if sc.strategies[i] is Strategy.REPLICATE:
+                continue
+            for launch, use in ((sc.forward_launch[i], f), (sc.backward_launch[i], b)):
+                if launch is not None and launch < use:  # launch < s < use; at s == launch if launched here
+                    pend[launch + 1] += self.pend[i]
+                    pend[use] -= self.pend[i]
+                    here[max(launch, 0)] += self.pend[i] if launch >= 0 else 0
+        self._unsh, self._pend, self._here, run, gone = [], [], here, [0, 0], 0
+        for s in range(steps):
+            run[0] += unsh[s]
+            run[1] += pend[s]
+            self._unsh.append(run[0])
+            self._pend.append(run[1])
+        for i in range(sc.n):  # at a unit's own steps, its whole copy
+            self._unsh[sc.f_step(i)] += self.unsharded[i]
+            self._unsh[sc.b_step(i)] += self.unsharded[i]
+        self._grads = []  # reduced before step s: the units whose backward step is below s
+        for s in range(steps):
+            self._grads.append(gone)
+            i = 2 * sc.n - 1 - s  # the unit whose backward step is s
+            gone += self.tshard[i] if 0 <= i < sc.n else 0
 
     def unsharded_live(self, s: int, *, exclude: int = -1) -> int:
         """Parameters gathered (or held after forward) and not yet freed at step s;
         at a unit's own forward and backward steps its whole unsharded copy."""
-        sc, total = self.sc, 0
+        sc = self.sc
         if self.ddp:  # the bucket, holding the gradients, all step long
             return sum(self.unsharded)
-        for i in range(sc.n):
-            if i == exclude:
-                continue
-            f, b = sc.f_step(i), sc.b_step(i)
-            if s in (f, b):
-                total += self.unsharded[i]
-            elif f < s < b:
-                total += self.held[i]
+        total = self._unsh[s]
+        if 0 <= exclude < sc.n:
+            f, b = sc.f_step(exclude), sc.b_step(exclude)
+            total -= self.unsharded[exclude] if s in (f, b) else self.held[exclude] if f < s < b else 0
         return total
 
     def pending_gathers(self, s: int, *, include_launched_here: bool) -> int:
         """AllGather outputs launched but not yet copied out at step s (none of a replicate
         unit: [Note: a shard group of one issues no AllGather] in sim/timeline.py)."""
-        sc, total = self.sc, 0
-        for i in range(sc.n):
-            if sc.strategies[i] is Strategy.REPLICATE:
-                continue
-            for launch, use in ((sc.forward_launch[i], sc.f_step(i)), (sc.backward_launch[i], sc.b_step(i))):
-                if launch is None or use <= s:
-                    continue
-                if launch < s or (launch == s and include_launched_here):
-                    total += self.pend[i]
-        return total
+        return self._pend[s] + (self._here[s] if include_launched_here else 0)
 
     def sharded_grads(self, s: int) -> int:
         """Reduced gradients of units whose backward ended before step s."""
         sc = self.sc
         if self.ddp and s < 2 * sc.n:  # in the bucket until the optimizer step
             return 0
-        return sum(self.tshard[i] for i in range(sc.n) if sc.b_step(i) < s) * sc.state.grad
+        return self._grads[s] * sc.state.grad
 
     def all_reduce_held(self, s: int) -> int:
         """The reduce outputs of all-reducing units whose backward ended before step s: FSDP2

@@ -286,11 +286,21 @@ class UnitCost:
     def _posting(self) -> tuple[list[int], int]:
         """(per layer k: the first layer after k that runs its post-backward, the layer count
         where none does; the last that does, the first to reduce)."""
-        posts, nxt, after = set(self._posts()), [], len(self.layer_bytes)
-        for k in range(len(self.layer_bytes) - 1, -1, -1):
-            nxt.append(after)
-            after = k if k in posts else after
-        return nxt[::-1], max(posts, default=0)
+        def make():
+            posts, nxt, after = set(self._posts()), [], len(self.layer_bytes)
+            for k in range(len(self.layer_bytes) - 1, -1, -1):
+                nxt.append(after)
+                after = k if k in posts else after
+            return nxt[::-1], max(posts, default=0)
+        return self._memo("posting", make)
+
+    def _memo(self, key, make):
+        """`make()`, once per unit: the figures depend on its fields only, which are frozen
+        (the planner reads them at every moment of every schedule it scores)."""
+        memo = self.__dict__.setdefault("_memo_", {})  # not a field: equality and `replace` ignore it
+        if key not in memo:
+            memo[key] = make()
+        return memo[key]
 
     def first_reduce(self) -> int:
         """Its layer whose post-backward reduces first (its last, unless its last layers run none)."""
@@ -403,8 +413,9 @@ class UnitCost:
 
     def _layer_shards(self, n: int) -> list[float]:
         dims = self.layer_dims if len(self.layer_dims) == len(self.layer_bytes) else ()
-        return [shard_numel(sum(d for _, d in dims[k]), dims[k], n) if dims and dims[k] else b.params / n
-                for k, b in enumerate(self.layer_bytes)]
+        return self._memo(("shards", n), lambda: [
+            shard_numel(sum(d for _, d in dims[k]), dims[k], n) if dims and dims[k] else b.params / n
+            for k, b in enumerate(self.layer_bytes)])
 
     def shard_numel(self, n: int) -> int:
         """Elements per worker sharded n ways (dim 0 of each parameter padded)."""
