@@ -43,6 +43,7 @@ foreach step, as FSDP2's (see `_optimizer`).
 from __future__ import annotations
 
 import dataclasses
+from itertools import accumulate
 from typing import NamedTuple
 
 from shardsched.cost.strategy import all_reduces, held_after_forward, shard_count
@@ -284,21 +285,15 @@ class _Live:
                 if launch is not None and launch < use:  # launch < s < use; at s == launch if launched here
                     pend[launch + 1] += self.pend[i]
                     pend[use] -= self.pend[i]
-                    here[max(launch, 0)] += self.pend[i] if launch >= 0 else 0
-        self._unsh, self._pend, self._here, run, gone = [], [], here, [0, 0], 0
-        for s in range(steps):
-            run[0] += unsh[s]
-            run[1] += pend[s]
-            self._unsh.append(run[0])
-            self._pend.append(run[1])
+                    if launch >= 0:
+                        here[launch] += self.pend[i]
+        self._unsh, self._pend, self._here = list(accumulate(unsh[:steps])), list(accumulate(pend[:steps])), here
         for i in range(sc.n):  # at a unit's own steps, its whole copy
             self._unsh[sc.f_step(i)] += self.unsharded[i]
             self._unsh[sc.b_step(i)] += self.unsharded[i]
-        self._grads = []  # reduced before step s: the units whose backward step is below s
-        for s in range(steps):
-            self._grads.append(gone)
-            i = 2 * sc.n - 1 - s  # the unit whose backward step is s
-            gone += self.tshard[i] if 0 <= i < sc.n else 0
+        # reduced before step s: the units whose backward step is below s (unit i's is 2n - 1 - i)
+        done = [self.tshard[2 * sc.n - 1 - s] if sc.n <= s < 2 * sc.n else 0 for s in range(steps)]
+        self._grads = [0, *accumulate(done)][:steps]
 
     def unsharded_live(self, s: int, *, exclude: int = -1) -> int:
         """Parameters gathered (or held after forward) and not yet freed at step s;

@@ -141,7 +141,7 @@ class UnitCost:
         if len(self.layers) < 2 or len(self.layer_dims) != len(self.layers):
             return self.trainable(self.padded_numel(n))
         shards, (nxt, _) = self._layer_shards(n), self._posting()
-        sizes = [int(n * sum(shards[k:nxt[k]])) for k in self._posts()]  # [Note: modules with no post-backward]
+        sizes = [int(n * sum(shards[k:nxt[k]])) for k in sorted(self._posts())]  # [Note: modules with no post-backward]
         return sizes[0] if last else max(sizes)
 
     @property
@@ -278,16 +278,16 @@ class UnitCost:
             return int(max((numel for _, numel in self.layer_dims[k]), default=0) * grad_bytes)
         return int(self.layer_bytes[k].params * grad_bytes)
 
-    def _posts(self) -> list[int]:
+    def _posts(self) -> frozenset[int]:
         """Its layers whose post-backward FSDP2 runs, the first always (it reduces as the unit's
         backward ends: [Note: modules with no post-backward])."""
-        return [k for k, b in enumerate(self.layer_bytes) if k == 0 or b.posts]
+        return self._memo("posts", lambda: frozenset(k for k, b in enumerate(self.layer_bytes) if k == 0 or b.posts))
 
     def _posting(self) -> tuple[list[int], int]:
         """(per layer k: the first layer after k that runs its post-backward, the layer count
         where none does; the last that does, the first to reduce)."""
         def make():
-            posts, nxt, after = set(self._posts()), [], len(self.layer_bytes)
+            posts, nxt, after = self._posts(), [], len(self.layer_bytes)
             for k in range(len(self.layer_bytes) - 1, -1, -1):
                 nxt.append(after)
                 after = k if k in posts else after
@@ -322,9 +322,9 @@ class UnitCost:
             before -= b.kept if checkpointed else b.act
             own = (b.kept if checkpointed else b.act) + b.ows + bs[k + 1].flight if b.outside else 0
             start = (b.redo if checkpointed else b.act) - b.outside + b.ws
-            most = max(most, before + waiting + max(own, start, self.layer_grad(k, grad_bytes, in_place=in_place)
-                                                     + b.ws))
-            waiting += self.layer_grad(k, grad_bytes, in_place=in_place)
+            g = self.layer_grad(k, grad_bytes, in_place=in_place)
+            most = max(most, before + waiting + max(own, start, g + b.ws))
+            waiting += g
         return most
 
     def inner_moments(self, grad_bytes: float, *, checkpointed: bool,
@@ -348,7 +348,7 @@ class UnitCost:
         whole unit's gradients next to its largest workspace over-predicted fused HF decoders
         by 12-18%; charging every module's sharded gradients from the start, 5% on a Mixer."""
         out, before, layers = {}, 0, self.layer_bytes
-        (nxt, first), posts = self._posting(), set(self._posts())
+        (nxt, first), posts = self._posting(), self._posts()
         tied = lambda k: self.tied_at is None or k <= self.tied_at  # noqa: E731 (it exists at layer k)
         grads = [int(b.params * grad_bytes) for b in layers]
         for k, b in enumerate(layers):
@@ -370,7 +370,7 @@ class UnitCost:
             if b.calls > 1 and k + 1 < len(layers):  # a repeated layer's earlier call, its later layers
                 for key, gathered in (("recall", True), ("recall_redo", False)):  # reduced ([Note: a
                     out[key, k] = Inner(wait + before + _recall_own(b, checkpointed, gathered) + g,  # repeated
-                                        min(r, first) if k >= first else r, k, gathered)  # module's later calls])
+                                        first if k >= first else r, k, gathered)  # module's later calls])
             if k in posts:  # accumulating in place, the first to reduce added into the gradients held
                 # whole; the layers after the unit's reduce make theirs anew
                 out["reduce", k] = Inner((0 if in_place and k == first else g + wait) + before, k, k, False, True,
@@ -383,7 +383,7 @@ class UnitCost:
         parameter's dim 0 to a multiple of n (a CNN's 24 channels reduce as 64 at world 64:
         counting them unpadded was 7% under). Without per-layer dims, its parameters. A layer
         that runs no post-backward reduces with the layer before it (0 here)."""
-        shards, (nxt, _), posts = self._layer_shards(n), self._posting(), set(self._posts())
+        shards, (nxt, _), posts = self._layer_shards(n), self._posting(), self._posts()
         return [int(n * sum(shards[k:nxt[k]]) * reduce_bytes) if k in posts else 0 for k in range(len(shards))]
 
     def reduce_extra_bytes(self, n: int, reduce_bytes: float, grad_bytes: float) -> list[int]:
