@@ -334,7 +334,9 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
                                    checkpointed_lead_bytes=cost.checkpointed_lead_bytes - last_extra + held)
     names = tuple(layer.name for layer in layers)
     last_input = own_inputs(layers[-1]) if len(layers) > 1 else 0
-    last_code = max(0, layers[-1].code_held_bytes - layers[0].code_held_bytes)
+    # [Note: outputs code after a later layer saves] in profile/held.py: held as the last module starts
+    last_code = max(0, layers[-1].code_held_bytes - layers[0].code_held_bytes) + (
+        layers[-1].held_to_save_bytes if len(layers) > 1 else 0)
     return UnitCost(name=unit_name(names), layers=names, dims=unit_dims(layers),
                     params=sum(layer.params for layer in layers),
                     frozen_params=sum(layer.frozen_params for layer in layers),
@@ -356,7 +358,8 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
                     outside_workspace_bytes=layers[-1].outside_workspace_bytes,
                     outside_activation_bytes=layers[-1].outside_bytes if layers[-1].outside_workspace_bytes else 0,
                     input_bytes=sum(kept_in_unit(layers, k) for k in range(len(layers))),
-                    entry_bytes=layers[0].entry_bytes, exit_bytes=exit_net_of_held(layers),
+                    entry_bytes=layers[0].entry_bytes + layers[0].held_to_save_bytes,
+                    held_to_save_bytes=layers[0].held_to_save_bytes, exit_bytes=exit_net_of_held(layers),
                     lead_saved_before_bytes=layers[0].input_saved_before_bytes if layers[0].calls <= 1 else 0,
                     lead_resaved_bytes=layers[0].input_resaved_bytes if layers[0].calls <= 1 else None,
                     **dict(zip(("code_held", "code_held_bytes"), code_held_of(layers))),

@@ -37,6 +37,16 @@ layer: `code_held_bytes`, whatever recomputes. Its `+sac` policy stores the proj
 output, the same storage, in the producer's kept bytes (`selective_saved_bytes`). So such an
 output is held always, less when its producer recomputes selectively: its `code_held` entry is
 negative there (a fused `+sac` Perceiver was 5.3% over without it).
+
+[Note: outputs code after a later layer saves]
+`s = einsum("bnd,bmd->bnm", self.q(prev), self.k(e))` holds q's output in the caller through
+k's forward; the einsum, code outside every layer after k, saves it first, so the trace counts
+it in k's activations (`outside_bytes`), live from k's compute moment on. Before that (k's
+copy-out, or in a fused unit the moment k's module gathers again) nothing counted it: a pointer
+network was 3.0% under its verified peak under full_shard. So as a layer starts, an output the
+code after a later layer saves is held whatever recomputes (`code_held_bytes`), and one the
+code after this very layer saves is held until its compute (`LayerProfile.held_to_save_bytes`,
+at its copy-out and its lead moment only).
 """
 from __future__ import annotations
 
@@ -112,6 +122,7 @@ class OutputStatus:
         self.status: dict[Tag, str] = {}
         self._pending: dict[int, Tag] = {}  # storage key -> tag, outputs not saved yet
         self._own: dict[int, Tag] = {}  # storage key -> tag, outputs their producer saved
+        self.saved_after: dict[Tag, str] = {}  # "outside": the layer whose outside code saved it first
 
     def produced(self, tag: Tag, key: int, storage, *, saved_by: str | None, sac: tuple[bool, ...]) -> None:
         """Layer `tag[0]` returned this storage (first call); `saved_by`: the layer whose own
@@ -134,17 +145,20 @@ class OutputStatus:
         tag = self._pending.pop(key, None) if first else None
         if tag is not None:
             self.status[tag] = "outside" if outside else layer
+            if outside:
+                self.saved_after[tag] = layer
         if outside and key in self._own:  # kept by that code when its producer recomputes
             self.status[self._own.pop(key)] = "outside"
 
 
-def code_held(held: HeldOutputs, status: dict[Tag, str], layer: str, final: set[str]) -> tuple[dict, int]:
-    """(`LayerProfile.code_held`, `LayerProfile.code_held_bytes`) of `layer` ([Note: outputs
-    the caller's code holds])."""
-    order = {name: i for i, name in enumerate(held.order)}
+def code_held(held: HeldOutputs, out: OutputStatus, layer: str, final: set[str]) -> tuple[dict, int, int]:
+    """(`LayerProfile.code_held`, `LayerProfile.code_held_bytes`, `LayerProfile.held_to_save_bytes`)
+    of `layer` ([Note: outputs the caller's code holds], [Note: outputs code after a later layer
+    saves])."""
+    order, status = {name: i for i, name in enumerate(held.order)}, out.status
     if layer not in held.held or layer not in final:
-        return {}, 0
-    per, always = {}, 0
+        return {}, 0, 0
+    per, always, pending = {}, 0, 0
     for (producer, idx), nbytes in held.held[layer]:
         between = held.order[order[producer] + 1:order[layer]]
         s = status.get((producer, idx), "none")
@@ -157,8 +171,14 @@ def code_held(held: HeldOutputs, status: dict[Tag, str], layer: str, final: set[
                              sel_all + (0 if s != "own" else nbytes))
         elif s == "none" or (s in order and order[s] >= order[layer]):
             always += nbytes
+        elif s == "outside" and (after := out.saved_after.get((producer, idx))) in order and after in final:
+            # [Note: outputs code after a later layer saves]
+            if order[after] > order[layer]:
+                always += nbytes
+            elif after == layer:
+                pending += nbytes
         elif s in ("none-sac", "none-sac-all"):  # [Note: an output only selective checkpointing saves]
             always += nbytes
             full, sel, sel_all = per.get(producer, (0, 0, 0))
             per[producer] = (full, sel - (nbytes if s == "none-sac" else 0), sel_all - nbytes)
-    return per, always
+    return per, always, pending

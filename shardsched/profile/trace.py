@@ -405,13 +405,14 @@ def _selective(name: str, sc: SacStats, device: DeviceSpec) -> tuple:
 
 
 def _code_held(name: str, st: Stats) -> dict:
-    """`LayerProfile.code_held` and `code_held_bytes` ([Note: outputs the caller's code holds])."""
+    """`LayerProfile.code_held`, `code_held_bytes` and `held_to_save_bytes` ([Note: outputs the
+    caller's code holds])."""
     if st.held is None:
         return {}
-    per, always = code_held(st.held, st.out_status.status, name, st.final)
+    per, always, pending = code_held(st.held, st.out_status, name, st.final)
     # [Note: results of outside code the caller holds] in profile/held.py
     outside = st.outside_held.get(name, 0) if name in st.final else 0
-    return {"code_held": per, "code_held_bytes": always + outside}
+    return {"code_held": per, "code_held_bytes": always + outside, "held_to_save_bytes": pending}
 
 
 # [Note: a repeated layer between other layers]

@@ -89,6 +89,11 @@ class LayerProfile:
     code_held_bytes: int = 0
     """Earlier layers' outputs the calling code holds as this layer starts that nothing saved
     by then: live beside its forward moments whatever recomputes."""
+    held_to_save_bytes: int = 0
+    """Earlier layers' outputs the calling code holds as this layer starts that the code after
+    it saves first (an einsum reading q's output after k): live at its copy-out and as its
+    module starts, in its activations from its compute on ([Note: outputs code after a later
+    layer saves] in profile/held.py)."""
     makes_tied_grad: bool = False
     """Its backward, or its outside code's, is where the gradient of a tensor the root owns
     under two names first appears (a tied head read after it): the moments before hold none

@@ -61,7 +61,9 @@ class UnitCost:
     """What it retains instead when checkpointed: its layers' forward inputs, and what
     code outside them saved (`LayerProfile.outside_bytes`: not recomputed)."""
     entry_bytes: int = 0
-    """Its first layer's `LayerProfile.entry_bytes`: live at its forward copy-out."""
+    """Its first layer's `LayerProfile.entry_bytes` and `held_to_save_bytes`: live at its copy-out."""
+    held_to_save_bytes: int = 0
+    """Of `entry_bytes`, its first layer's `LayerProfile.held_to_save_bytes`."""
     exit_bytes: int = 0
     """Its last layer's `LayerProfile.exit_bytes`: what the code after its forward holds
     beyond what is saved, while its AllGather output is still held (`sim.memory._forward`)."""
@@ -188,7 +190,7 @@ class UnitCost:
         """Its input live at its copy-out when the unit before it recomputes (full or selective):
         `entry_bytes` is the plain trace's, where the layer before may have saved its output (a
         ReLU, a pooling); checkpointed, nothing did (a CNN after a selective block: 2% under)."""
-        return max(self.entry_bytes, self.layer_bytes[0].inp if self.layer_bytes else 0)
+        return max(self.entry_bytes, (self.layer_bytes[0].inp if self.layer_bytes else 0) + self.held_to_save_bytes)
 
     def after_forward(self) -> int:
         """Beyond what is saved, what lives once its forward is over, before the next unit's

@@ -4,7 +4,9 @@ layers take, each predicted as FSDP2 on fake tensors measures it (`verify_plan`)
   full_shard+ckpt: the GRU's recomputation holds its per-step outputs until its last save
   (`LayerProfile.recompute_peak_bytes`); -4.9% under full_shard: the GRU's output, kept in the
   caller's local, was taken for the next Linear's to keep, which saves a contiguous copy instead
-  ([Note: outputs the caller's code holds] in profile/held.py);
+  ([Note: outputs the caller's code holds] in profile/held.py); then -3.0%: q's output, held in
+  the caller through k's forward for the einsum after k, which saves it only then
+  (`LayerProfile.held_to_save_bytes`, [Note: outputs code after a later layer saves]);
 - a bidirectional LSTM tagger: -1.4% under full_shard, the same held output;
 - a T5-style LM whose root builds one (B*H, T, T) attention bias every block takes: +11.1%
   under full_shard+ckpt and +6.8% under full_shard+sac, the bias kept once per block
@@ -107,7 +109,7 @@ def _relbias(batch=4, seq=48):
     return RelBiasLM(), (torch.randint(0, 300, (batch, seq), generator=g), torch.randint(0, 300, (batch, seq), generator=g))
 
 
-CASES = [(_pointer, "full_shard+ckpt", 0.01), (_pointer, "full_shard", 0.035), (_tagger, "full_shard", 0.01),
+CASES = [(_pointer, "full_shard+ckpt", 0.01), (_pointer, "full_shard", 0.01), (_tagger, "full_shard", 0.01),
          (_relbias, "full_shard+ckpt", 0.01), (_relbias, "full_shard+sac", 0.01), (_relbias, "shard_grad_op+sac", 0.03)]
 
 
@@ -117,12 +119,21 @@ def test_recomputation_held_outputs_and_shared_inputs(build, strategy, within):
     assert abs(predicted / verified - 1) <= within, (predicted, verified)
 
 
+def test_an_output_held_until_code_after_a_later_layer_saves_it_per_layer():
+    # per-layer units: q's output is missing at k's own copy-out otherwise (-3.0%)
+    predicted, verified = traced_predicted_and_verified(_pointer, "full_shard", fuse=False)
+    assert abs(predicted / verified - 1) <= 0.01, (predicted, verified)
+
+
 def test_the_trace_measures_the_recomputation_and_the_shared_bias():
     torch.manual_seed(0)
     model, inputs = _pointer()
     enc = next(x for x in trace_profile(model, inputs, name="p", device=DEVICES["cpu"]).layers if x.name == "enc")
     # above its saved bytes, below its whole forward (the stacks and the concatenation come after)
     assert enc.activation_bytes < enc.recompute_peak_bytes < enc.forward_peak_bytes
+    layers = {x.name: x for x in trace_profile(model, inputs, name="p", device=DEVICES["cpu"]).layers}
+    # q's (B, N, d) output, held through k until the einsum after k saves it: k's alone
+    assert [layers[n].held_to_save_bytes for n in ("inp", "enc", "proj", "q", "k")] == [0, 0, 0, 0, 8 * 50 * 64 * 4]
     model, inputs = _relbias()
     blocks = [x for x in trace_profile(model, inputs, name="r", device=DEVICES["cpu"]).layers if x.name.startswith("blocks")]
     bias = 4 * 4 * 48 * 48 * 4  # (B * H, T, T) float32
