@@ -237,7 +237,7 @@ def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
         produced = max(produced, max(ows // 2, layer.exit_bytes - layer.code_held_bytes) if inner else 0)
         redo = max(recomputed_bytes(layer), recompute_live(layer) - ws) - shared_input(layers, k)
         out.append(LayerBytes(kept_in_unit(layers, k), layer.activation_bytes, ws,
-                              layer.params - layer.frozen_params, redo, produced,
+                              layer.params - layer.frozen_params - layer.unused_params, redo, produced,
                               max(ck_produced, produced),
                               own_inputs(layer) // max(1, layer.calls), layer.output_bytes, max(1, layer.calls),
                               layer.recall_workspace_bytes or ws, layer.bucketed_workspace_bytes or ws, held,
@@ -303,9 +303,9 @@ def forward_transients(layer: LayerProfile, ws: int) -> tuple[int, int]:
 
 
 def _trainable_dims(layer: LayerProfile) -> tuple[tuple[int, int], ...]:
-    """Its `dims` that get a gradient: none of a wholly frozen layer, all of a partly frozen one
-    (an upper bound: which of its parameters are frozen is not recorded)."""
-    return () if layer.params and layer.frozen_params == layer.params else layer.dims
+    """Its `dims` that get a gradient: none of a layer wholly frozen or unused, all of a partly
+    frozen one (an upper bound: which of its parameters are frozen is not recorded)."""
+    return () if layer.params and layer.frozen_params + layer.unused_params == layer.params else layer.dims
 
 
 def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) -> UnitCost:
@@ -340,6 +340,7 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
     return UnitCost(name=unit_name(names), layers=names, dims=unit_dims(layers),
                     params=sum(layer.params for layer in layers),
                     frozen_params=sum(layer.frozen_params for layer in layers),
+                    unused_params=sum(layer.unused_params for layer in layers),
                     forward_seconds=sum(layer.forward_seconds for layer in layers),
                     backward_seconds=sum(layer.backward_seconds for layer in layers),
                     forward_ops=sum(layer.forward_ops for layer in layers),
@@ -427,6 +428,7 @@ def partition(layer: LayerProfile) -> list[LayerProfile]:
     kids[-1] = dataclasses.replace(
         last, params=last.params + layer.params - sum(c.params for c in kids),
         frozen_params=last.frozen_params + layer.frozen_params - sum(c.frozen_params for c in kids),
+        unused_params=last.unused_params + layer.unused_params - sum(c.unused_params for c in kids),
         forward_seconds=last.forward_seconds + layer.forward_seconds - sum(c.forward_seconds for c in kids),
         backward_seconds=last.backward_seconds + layer.backward_seconds - sum(c.backward_seconds for c in kids),
         forward_ops=last.forward_ops + max(0, layer.forward_ops - sum(c.forward_ops for c in kids)),

@@ -19,9 +19,8 @@ Fake CPU tensors dispatch as CPU kernels do (SDPA's CPU flash kernel saves the
 output and a logsumexp, not an s x s matrix), so activations match FSDP2 on CPU
 exactly; GPU kernels may save slightly different tensors (e.g. fused RMSNorm).
 
-Its parts: `trace_fake` (the fake copies of the model and inputs), `trace_record` (what is
-recorded per layer while the model runs), `trace_stacks` (repeated blocks traced once); this
-module runs the trace and assembles the `Profile`.
+Its parts: `trace_fake` (fake copies of model and inputs), `trace_record` (what is recorded per
+layer), `trace_stacks` (repeated blocks traced once); this module runs it and makes the `Profile`.
 """
 from __future__ import annotations
 
@@ -46,13 +45,15 @@ from shardsched.profile.held import HeldOutputs, code_held
 from shardsched.profile.fake_rules import FakeRules as _FakeRules, cold_fake_mode
 from shardsched.profile.workspace import ROOT_TAIL, BackwardWorkspace
 from shardsched.profile.workspace_terms import layer_workspace, outside_workspace
+from shardsched.profile.unused import no_gradient, unused_ids, unused_numel
 from shardsched.core import sac_policy as sac
 from shardsched.profile.trace_fake import (fake_copy_inputs, fake_parameters, fake_state, hf_one_sequence_per_row,
                                           loss_of, module_params, quiet_fake_tensor_log, real_copy_inputs, real_masks,
                                           real_state, restored, seeded, untied)
 from shardsched.profile.trace_record import (FlopCounter, SacStats, Stats, Tagger, Tracer, loss_bytes,
                                              pinned_storage_keys, storage_bytes, storage_key)
-from shardsched.profile.trace_stacks import Truncated, expand, find_stacks, fold, fold_target, untraced
+from shardsched.profile.trace_stacks import (Truncated, expand, find_stacks, fold, fold_target, traced_source,
+                                             untraced)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -151,6 +152,7 @@ def _run(model: nn.Module, inputs: tuple, names: list[str], children: dict, dtyp
             kept.clear()  # the graph holds what backward needs; activations must free as it runs
             tracer.stats.sac_forward = False
             loss.backward()
+        tracer.stats.no_grad = frozenset() if real else no_gradient(state, ws.accumulated_ids)
     except UsageError:
         raise
     except Exception as e:  # data-dependent ops and the like: the model cannot be traced
@@ -291,11 +293,9 @@ def _shared_output(st: Stats, k: int, keys: tuple, nbytes: int, *, outside: bool
 
 def _forward_without_saving(model: nn.Module, state: dict, inputs: tuple, names: list[str], children: list[str],
                             persistent: list, *, keep_saved=None) -> dict[str, int]:
-    """Each layer's forward peak when it saves nothing, as a checkpointed layer's forward runs
-    (non-reentrant checkpoint drops what autograd would save): the same forward under
-    `no_grad`, watched by the live-bytes mode ([Note: forward windows] in profile/workspace.py).
-    `keep_saved` (a selective mode): as a selective layer's forward runs, keeping what its policy stores.
-    Run after the traced pass, its hooks removed, so nothing is counted twice."""
+    """Each layer's forward peak when it saves nothing, as a checkpointed layer's forward runs:
+    the same forward under `no_grad`, watched by the live-bytes mode ([Note: forward windows] in
+    profile/workspace.py); `keep_saved` (a selective mode): keeping what its policy stores."""
     ws = BackwardWorkspace(model, names, children, persistent=persistent)
     keep = _KeepSaved(keep_saved, model, names) if keep_saved else contextlib.nullcontext()
     try:
@@ -324,7 +324,7 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: Stats, device: DeviceS
     bw = device.memory_bandwidth
     return LayerProfile(
         name=name, params=sum(p.numel() for p in params), dims=L.dims(params),
-        frozen_params=L.frozen_numel(params),
+        frozen_params=L.frozen_numel(params), unused_params=unused_numel(params, st.unused_ids),
         forward_seconds=device.compute_seconds(fwd) + st.moved["fwd"].get(name, 0) / bw,
         backward_seconds=device.compute_seconds(bwd) + st.moved["bwd"].get(name, 0) / bw,
         forward_ops=st.ops.get(name, 0),
@@ -464,6 +464,7 @@ def trace_profile(model: nn.Module, example_inputs: Sequence[Any], *, name: str,
 
     names, escapes = settled_layers(model, [n for n in L.candidates(model, layers) if n != L.ROOT], run)
     tracer, children, stacks = last["tracer"], last["children"], last["stacks"]
+    tracer.stats.unused_ids = unused_ids(model, tracer.stats.no_grad, lambda n: traced_source(n, stacks))
     expand(tracer, names, [c for cs in children.values() for c in cs], stacks)
     # [Note: a repeated layer between other layers]
     ran = [n for n in tracer.ran if tracer.sequence.count(n) < 2]

@@ -64,6 +64,8 @@ class Stats:
         self.workspace: dict[str, int] = defaultdict(int)  # measured, `profile.workspace`
         self.itemsize = 4  # of the compute dtype: the bytes of a gradient element
         self.loss_bytes = 8  # `Profile.loss_bytes`
+        self.no_grad: frozenset[str] = frozenset()  # traced names given no gradient: profile/unused.py
+        self.unused_ids: set[int] = set()  # the model's parameters among them ([Note: parameters a step never uses])
         self.inputs: dict[str, int] = defaultdict(int)
         self.entry: dict[str, int] = defaultdict(int)  # `LayerProfile.entry_bytes`
         self.calls: dict[str, int] = defaultdict(int)  # forward calls of each module

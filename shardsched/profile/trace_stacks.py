@@ -71,7 +71,7 @@ def untraced(name: str, stacks) -> bool:
     return e is not None and e[2] >= 3
 
 
-def _source(name: str, stacks) -> str | None:
+def traced_source(name: str, stacks) -> str | None:
     """For entries 2..n-1 after tracing: the traced entry that stands for it."""
     e = _entry(name, stacks)
     if e is None or e[2] < 2:
@@ -83,7 +83,7 @@ def _source(name: str, stacks) -> str | None:
 def expand(tracer: Tracer, full: list[str], kids: list[str], stacks) -> None:
     """Give every entry 2..n-1 the stats of the traced entry that stands for it."""
     st = tracer.stats
-    targets = [(name, _source(name, stacks)) for name in [*full, *kids] if _source(name, stacks)]
+    targets = [(name, traced_source(name, stacks)) for name in [*full, *kids] if traced_source(name, stacks)]
     plain = (st.ops, st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak, st.recompute_peak,
              st.forward_nosave, st.entry, st.exit, st.output, st.recall, st.bucketed, st.flight,
              st.outside_kept, st.input_saved, st.input_saved_before, st.input_saved_outside, st.input_resaved, st.input_shared,

@@ -27,6 +27,11 @@ class LayerProfile:
     """Of `params`, elements with `requires_grad=False` (Pegasus' sinusoidal position tables,
     a frozen backbone): stored and gathered like the others, but given no gradient and no
     optimizer state ([Note: frozen parameters] in sim/memory.py)."""
+    unused_params: int = 0
+    """Of `params`, elements that need a gradient but got none in the traced step (a Linear
+    the forward never calls, DINOv2's `mask_token` without a mask): no gradient under FSDP2,
+    a DDP bucket slot, no optimizer state ([Note: parameters a step never uses] in
+    profile/unused.py)."""
     forward_seconds: float
     """Forward compute time for one micro-batch."""
     backward_seconds: float

@@ -343,6 +343,11 @@ class BackwardWorkspace(TorchDispatchMode):
         left_out = alive - incoming  # gradients in flight: counted where they wait
         self.loss_window[self._parents.get(name, name)] = _log_peak(log, left_out)
 
+    @property
+    def accumulated_ids(self) -> set[int]:
+        """ids of the persistent tensors whose gradient autograd has stored so far."""
+        return self._accumulated_ids
+
     def _accumulated(self, param: torch.Tensor) -> None:
         """A parameter's gradient is in `.grad` (its first one stored, later ones added in)."""
         self._accumulated_ids.add(id(param))

@@ -22,6 +22,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from shardsched.core.types import Plan, Precision, Strategy
+from shardsched.profile.unused import drops_at_random
 
 
 def runs_on_ddp(plan: Plan) -> bool:
@@ -42,27 +43,6 @@ def finds_unused(plan: Plan, model: nn.Module) -> bool:
     itself at random, which two verified steps need not see (`drops_at_random`). An
     unverified plan of a model that does neither keeps DDP's own default, off."""
     return (plan.verified is not None and bool(plan.verified.unused_params)) or drops_at_random(model)
-
-
-# Hugging Face's names for per-step random structure in training: LayerDrop (Wav2Vec2, Whisper,
-# BART, ...: `config.layerdrop`, fairseq's `layerdrop` attribute) skips whole layers;
-# SpecAugment (`mask_time_prob`, `mask_feature_prob`) uses `masked_spec_embed` only on the
-# steps it masks. Either leaves some steps' gradients without those parameters.
-RANDOM_STRUCTURE = ("layerdrop", "mask_time_prob", "mask_feature_prob")
-
-
-def drops_at_random(model: nn.Module) -> bool:
-    """True when a module of `model`, or its Hugging Face config, sets a `RANDOM_STRUCTURE`
-    probability above 0."""
-    for m in model.modules():
-        for holder in (m, getattr(m, "config", None)):
-            if any(_positive(getattr(holder, name, None)) for name in RANDOM_STRUCTURE):
-                return True
-    return False
-
-
-def _positive(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def replicate_with_ddp(model: nn.Module, *, mesh: DeviceMesh, find_unused_parameters: bool = False) -> nn.Module:

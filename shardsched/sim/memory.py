@@ -260,7 +260,7 @@ class _Live:
         if self.ddp:
             zero = [0] * sc.n
             # the bucket: `unsharded_live` counts it; DDP buckets only parameters with a gradient
-            self.unsharded = [u.trainable(b) for u, b in zip(sc.units, self.unsharded)]
+            self.unsharded = [u.trainable(b, bucket=True) for u, b in zip(sc.units, self.unsharded)]
             self.rsbuf, self.agbuf, self.pend, self.rs_kept = zero, zero, zero, zero
             # only a tied tensor's gradient waits (for its second use) outside the bucket; the
             # others leave for it as they are accumulated ([Note: bucketed windows])
@@ -292,7 +292,9 @@ class _Live:
             self._unsh[sc.f_step(i)] += self.unsharded[i]
             self._unsh[sc.b_step(i)] += self.unsharded[i]
         # reduced before step s: the units whose backward step is below s (unit i's is 2n - 1 - i)
-        done = [self.tshard[2 * sc.n - 1 - s] if sc.n <= s < 2 * sc.n else 0 for s in range(steps)]
+        # on DDP the bucket, unused parameters' slots too ([Note: parameters a step never uses])
+        slots = [u.trainable(k, bucket=True) for u, k in zip(sc.units, self.shard)] if self.ddp else self.tshard
+        done = [slots[2 * sc.n - 1 - s] if sc.n <= s < 2 * sc.n else 0 for s in range(steps)]
         self._grads = [0, *accumulate(done)][:steps]
 
     def unsharded_live(self, s: int, *, exclude: int = -1) -> int:

@@ -55,4 +55,4 @@ def _unit_states(u, strategy, sc: Scenario) -> int:
     part has parameters only ([Note: frozen parameters] in sim/memory.py)."""
     sb = sc.state
     n = shard_numel(u.params, u.dims, shards(strategy, sc.cluster.world, local=sc.cluster.local))
-    return n * sb.param + u.trainable(n) * (sb.grad + sb.optimizer)
+    return n * sb.param + u.trainable(n, bucket=sc.on_ddp) * sb.grad + u.trainable(n) * sb.optimizer

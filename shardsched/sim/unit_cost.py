@@ -47,6 +47,8 @@ class UnitCost:
     forward_seconds: float
     frozen_params: int = 0
     """Of `params`, those with no gradient (`LayerProfile.frozen_params`)."""
+    unused_params: int = 0
+    """Of `params`, those needing one that the step never gives one (`LayerProfile.unused_params`)."""
     backward_seconds: float
     activation_bytes: int
     """Retained from the unit's forward until its backward."""
@@ -414,22 +416,24 @@ class UnitCost:
         return [out[nxt[k] - 1] for k in range(len(shards))]
 
     def _layer_shards(self, n: int) -> list[float]:
-        dims = self.layer_dims if len(self.layer_dims) == len(self.layer_bytes) else ()
+        """Per layer, its gradient's elements per worker over n shards: those of its parameters
+        that get one, in proportion within a partly frozen or unused layer."""
+        dims = self.layer_dims if len(self.layer_dims) == len(self.layer_bytes) else [()] * len(self.layer_bytes)
         return self._memo(("shards", n), lambda: [
-            shard_numel(sum(d for _, d in dims[k]), dims[k], n) if dims and dims[k] else b.params / n
-            for k, b in enumerate(self.layer_bytes)])
+            shard_numel(t, d, n) * min(1.0, b.params / t) if (t := sum(x for _, x in d)) else b.params / n
+            for d, b in zip(dims, self.layer_bytes)])
 
     def shard_numel(self, n: int) -> int:
         """Elements per worker sharded n ways (dim 0 of each parameter padded)."""
         return shard_numel(self.params, self.dims, n)
 
-    def trainable(self, numel: int) -> int:
-        """Of `numel` elements of this unit (a shard, a padded buffer), those that get a
-        gradient: in proportion, as FSDP2 lays frozen and trainable parameters side by side
-        ([Note: frozen parameters] in sim/memory.py)."""
-        if not self.frozen_params or not self.params:
-            return numel
-        return numel * (self.params - self.frozen_params) // self.params
+    def trainable(self, numel: int, *, bucket: bool = False) -> int:
+        """Of `numel` elements of this unit (a shard, a padded buffer), those that get a gradient
+        (`bucket`: a slot in DDP's bucket, unused ones too: [Note: parameters a step never uses]
+        in profile/unused.py): in proportion, as FSDP2 lays frozen and trainable parameters side
+        by side ([Note: frozen parameters] in sim/memory.py)."""
+        none = self.frozen_params + (0 if bucket else self.unused_params)
+        return numel * (self.params - none) // self.params if none and self.params else numel
 
     def padded_numel(self, n: int) -> int:
         """Elements of the AllGather output / ReduceScatter input over n shards; the

@@ -44,7 +44,7 @@ from shardsched.profile.fake_rules import FakeRules, cold_fake_mode
 from shardsched.profile.trace_fake import hf_one_sequence_per_row
 from shardsched.core.types import GradSync, Plan, Verified
 from shardsched.runtime.ddp import runs_on_ddp
-from shardsched.runtime.memtrack import tracked_peak
+from shardsched.runtime.memtrack import TrackedPeak, tracked_peak
 from shardsched.runtime.parallelize import parallelize
 from shardsched.verify.chunks import chunks_on_demand
 from shardsched.verify.fake import fake_copy, fake_inputs
@@ -168,15 +168,36 @@ def _run(model: nn.Module, inputs: tuple, plan: Plan, *, real: bool = False) -> 
     if ddp and plan.accumulation > 1 and plan.grad_sync is GradSync.LAST:
         with_no_sync(model)  # [Note: DDP's no_sync beside its buckets]
     got = _gradient_seen(model) if ddp else None
-    unused: list[str] = []
+    unused: dict[str, nn.Parameter] = {}
+    slots: list[torch.Tensor] = []  # DDP: the bucket slots of unused parameters, kept
 
     def seen(m: nn.Module) -> None:  # after the backward: who got no gradient
-        unused.extend(n for n, p in m.named_parameters() if p.requires_grad
-                      and (id(p) not in got if ddp else p.grad is None))
+        for n, p in m.named_parameters():
+            if p.requires_grad and (id(p) not in got if ddp else p.grad is None):
+                unused[n] = p
+                if ddp:  # DDP's reducer leaves an unused parameter's `.grad` as it was: None
+                    slots.append(p.grad)
+                    p.grad = None
 
     steps = training_step(model, opt, inputs, plan, seen=seen)
     peak = tracked_peak(model, opt.inner, steps.run, steps=STEPS * steps.per_step, inputs=inputs)
-    return peak, ("ddp" if ddp else "fsdp2"), unused
+    return without_state(peak, opt.state_bytes(unused.values())), ("ddp" if ddp else "fsdp2"), list(unused)
+
+
+def without_state(peak: TrackedPeak, nbytes: int) -> TrackedPeak:
+    """[Note: the optimizer state of unused parameters] The state made before the step
+    ([Note: the optimizer's state without a first step]) gave every trainable parameter
+    `exp_avg` and `exp_avg_sq`; AdamW makes none for a parameter that never gets a gradient
+    ([Note: parameters a step never uses] in profile/unused.py). Which those are is known only
+    after the step's backward; their state was alive, untouched, at every moment of the step
+    (AdamW skips a parameter whose `.grad` is None), so the step without it peaks at the same
+    moment, lower by exactly its bytes."""
+    if not nbytes:
+        return peak
+    kinds = dict(peak.by_kind)
+    for k in ("Total", "Optstate"):
+        kinds[k] = kinds.get(k, 0) - nbytes
+    return peak._replace(by_kind=kinds)
 
 
 def verify_plan(model: nn.Module, inputs: tuple, plan: Plan, *, tensors: str = "fake") -> Verified:

@@ -58,6 +58,18 @@ class LocalShardOptimizer:
         self.inner.step()
         self._link_grads(False)  # the DTensor gradient stays the one reference the step frees
 
+    def state_bytes(self, params) -> int:
+        """Bytes of the optimizer state of `params` (model parameters), as MemTracker counts
+        them (a CUDA storage rounded up to the caching allocator's 512-byte block)."""
+        from torch.distributed._tools.mem_tracker import _PYTORCH_MIN_ALLOCATE as block
+        total = 0
+        for p in params:
+            for t in self.inner.state.get(_local(p), {}).values():
+                if isinstance(t, torch.Tensor):
+                    n = t.untyped_storage().nbytes()
+                    total += -(-n // block) * block if t.device.type == "cuda" else n
+        return total
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
             if p.grad is not None:

@@ -58,6 +58,7 @@ class Spec:
     shared: bool = False   # lm/encoder: one block object at two places ([L0, L1, L0, L1])
     scalar: bool = False   # a 0-dim parameter (a learned temperature) scales the logits
     frozen: bool = False   # a frozen (requires_grad=False) parameter table (positions)
+    unused: bool = False   # a Linear the forward never calls (needs a gradient, never gets one)
 
 
 # ---------------------------------------------------------------- building blocks
@@ -214,9 +215,10 @@ class Mixer(nn.Module):
 
 
 def _extras(model: nn.Module, s: Spec, d: int, seq: int) -> None:
-    """The scalar and frozen parameters a Spec asks for (read by `_finish`)."""
+    """The scalar, frozen and unused parameters a Spec asks for (the first two read by `_finish`)."""
     model.scale = nn.Parameter(torch.tensor(1.0)) if s.scalar else None
     model.frozen = nn.Parameter(torch.randn(seq, d) * 0.02, requires_grad=False) if s.frozen else None
+    model.spare = nn.Linear(d, 2 * d) if s.unused else None  # [Note: parameters a step never uses]
 
 
 def _start(model: nn.Module, h: torch.Tensor) -> torch.Tensor:
@@ -466,7 +468,7 @@ def _extended(rng: random.Random, spec: Spec) -> Spec:
     probability 0.4 the case's model becomes an nn.LSTM/nn.GRU LM, an nn.TransformerEncoderLayer
     stack, a scatter GNN or an HF causal LM trained through `labels=` (its depth, width, batch
     and seed kept); a boolean-mask loss, shared block objects, a 0-dim and a frozen parameter
-    are drawn on the families that can have them."""
+    are drawn on the families that can have them, and last an unused Linear."""
     if rng.random() >= 0.4:
         return spec
     family = rng.choice(sorted(EXTENDED))
@@ -476,6 +478,10 @@ def _extended(rng: random.Random, spec: Spec) -> Spec:
         return Spec(family="hf", vocab=rng.choice([256, 1000]), seq=rng.choice([16, 32]), tied=rng.random() < 0.5,
                     cell=rng.choice(["gpt2", "llama"]), **common)
     extra = dict(mask_loss=rng.random() < 0.3, scalar=rng.random() < 0.3, frozen=rng.random() < 0.3)
+    return dataclasses.replace(_family(rng, family, common, extra), unused=rng.random() < 0.3)
+
+
+def _family(rng: random.Random, family: str, common: dict, extra: dict) -> Spec:
     if family == "rnn":
         return Spec(family="rnn", vocab=rng.choice([256, 1000]), seq=rng.choice([16, 32]), tied=rng.random() < 0.5,
                     cell=rng.choice(["lstm", "gru"]), **common, **extra)

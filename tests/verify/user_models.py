@@ -500,3 +500,40 @@ class _OutsideMixer(nn.Module):
 def build_outside_mixer(micro_batch: int = 8):
     torch.manual_seed(0)
     return _OutsideMixer(), (torch.randn(micro_batch, 16, 48), torch.randint(0, 10, (micro_batch,)))
+
+
+SPARE_D = 64
+
+
+class _SpareBlock(nn.Module):
+    def __init__(self, spare: bool):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(SPARE_D, 4 * SPARE_D), nn.GELU(), nn.Linear(4 * SPARE_D, SPARE_D))
+        self.spare = nn.Linear(SPARE_D, 2 * SPARE_D) if spare else None  # never called
+        self.layerdrop = 0.0
+
+    def forward(self, x):
+        return x + self.mlp(x)
+
+
+class Spare(nn.Module):
+    """Six blocks (a stack traced with its first three), each with a Linear its forward never
+    calls; an unused root parameter; an unused head beside the one the loss reads."""
+
+    def __init__(self, spare: bool = True):
+        super().__init__()
+        self.blocks = nn.ModuleList([_SpareBlock(spare) for _ in range(6)])
+        self.token = nn.Parameter(torch.zeros(SPARE_D))  # DINOv2's mask_token, with no mask
+        self.head = nn.Linear(SPARE_D, 10)
+        self.aux = nn.Linear(SPARE_D, 1000) if spare else None
+
+    def forward(self, x, y):
+        for b in self.blocks:
+            x = b(x)
+        return F.cross_entropy(self.head(x), y)
+
+
+def build_spare(spare: bool = True):
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    return Spare(spare), (torch.randn(32, SPARE_D, generator=g), torch.randint(0, 10, (32,), generator=g))
