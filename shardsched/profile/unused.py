@@ -7,7 +7,8 @@ engine allocates nothing for it: FSDP2 reduces only the parameters that have one
 (`foreach_reduce` over `fsdp_params_with_grad`), DDP's reducer leaves a globally unused
 parameter's `.grad` untouched (its bucket slot exists, and is all-reduced as zeros), and
 AdamW skips a parameter whose `.grad` is None, so it never gets `exp_avg` or `exp_avg_sq`.
-Charged like the others, a model with one unused Linear was 2.2% over its measured peak.
+Charged like the others, a model with unused Linears (tests/verify/user_models.py
+`build_spare`) was +5.2% over its measured peak under full_shard, +28% under replicate.
 
 The trace runs one step, and which parameters it reached holds for every step of that shape
 only when nothing in the model chose its path from a value: on fake tensors no Python branch
@@ -16,7 +17,7 @@ where every parameter is charged), and a model that skips parts of itself at ran
 SpecAugment's `masked_spec_embed`: `drops_at_random`) may use in one step what it skipped in
 another, so none of its parameters counts as unused. The figure is the profile's
 `LayerProfile.unused_params`; the simulator counts such parameters as frozen for gradients and
-optimizer state, and DDP's bucket still holds them (`sim.unit_cost.UnitCost.bucketed`).
+optimizer state, and DDP's bucket still holds them (`UnitCost.trainable(bucket=True)`).
 """
 from __future__ import annotations
 

@@ -194,8 +194,8 @@ def without_state(peak: TrackedPeak, nbytes: int) -> TrackedPeak:
     moment, lower by exactly its bytes."""
     if not nbytes:
         return peak
-    kinds = dict(peak.by_kind)
-    for k in ("Total", "Optstate"):
+    kinds = dict(peak.by_kind)  # MemTracker's kind is "Optstate", FSDPMemTracker's "OptState"
+    for k in ("Total", next((k for k in ("OptState", "Optstate") if k in kinds), "Optstate")):
         kinds[k] = kinds.get(k, 0) - nbytes
     return peak._replace(by_kind=kinds)
 

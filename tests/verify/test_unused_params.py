@@ -64,6 +64,7 @@ def test_predicted_and_verified_are_what_the_engine_allocates(strategy, k):
     plan, verified, charged = _plan(model, inputs, strategy, k)
     real = measured_peak(copy.deepcopy(model), inputs, plan, accumulation=k, grad_sync=plan.grad_sync)
     assert {"token", "aux.weight", "blocks.5.spare.weight"} <= set(verified.unused_params)
+    assert all(v >= 0 for v in verified.memory.values()), verified.memory  # the state taken off its own kind
     assert abs(verified.peak_bytes / real - 1) < 0.001, (verified.peak_bytes, real)
     assert abs(plan.predicted.peak_bytes / real - 1) < 0.001, (plan.predicted.peak_bytes, real)
     # charged a gradient and Adam state for them, as before, the prediction was over
