@@ -22,7 +22,8 @@ import dataclasses
 from typing import NamedTuple
 
 from shardsched.core.types import Checkpoint, Strategy
-from shardsched.plan.kept import kept_in_unit, kept_when_checkpointed, own_inputs, recompute_live, recomputed_bytes, shared_input
+from shardsched.plan.kept import (kept_in_unit, kept_when_checkpointed, own_inputs, recompute_live, recomputed_bytes,
+                                  shared_input, unsaved_input)
 from shardsched.profile.types import LayerProfile, Profile
 from shardsched.sim.unit_cost import UnitCost
 
@@ -113,12 +114,24 @@ def kept_when_selective(layer: LayerProfile) -> int:
     return kept_when_checkpointed(layer) + saved
 
 
-def _as_selective(layer: LayerProfile) -> LayerProfile:
+# [Note: an input an earlier layer's policy stores]
+# A selective layer's output that its policy stores (a Linear's mm) is the next layer's input,
+# which that layer's checkpoint keeps: one storage, counted in both layers' kept bytes (a GNN's
+# input Linear before its message passing, fused under full_shard+sac: +4.7%). Inside a
+# selective unit the later layer's kept input, and its recomputation moment, are taken net of
+# it (`LayerProfile.selective_input_stored_bytes`, `_stored_in_redo`); a unit's first layer
+# keeps its own, the earlier layer being another unit's, whose policy may not be this one. A
+# stored output the later layer's own code saves (a BatchNorm after its conv) is its activation
+# and not the producer's saved output (`_shared_output` in profile/trace.py): the trace leaves
+# it out of both, or a ResNet's stem under shard_grad_op+sac was 8.7% under.
+
+def _as_selective(layer: LayerProfile, stored: int = 0) -> LayerProfile:
     """The layer as its selective form reads through the checkpointed formulas: the saved
-    outputs are inputs it keeps, on top of the forward transient too."""
+    outputs are inputs it keeps, on top of the forward transient too; `stored`: of its inputs,
+    what the layer before it in the unit stores already."""
     extra = kept_when_selective(layer) - kept_when_checkpointed(layer)
     nosave = layer.checkpointed_forward_bytes or (layer.workspace_bytes or layer.activation_bytes // 2) // 2
-    return dataclasses.replace(layer, input_bytes=layer.input_bytes + extra,
+    return dataclasses.replace(layer, input_bytes=layer.input_bytes + extra - stored,
                                checkpointed_forward_bytes=layer.selective_forward_bytes or nosave + extra)
 
 
@@ -247,6 +260,26 @@ def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
     return tuple(out)
 
 
+def _stored_input(layer: LayerProfile, mode: Checkpoint) -> int:
+    """[Note: an input an earlier layer's policy stores]: of one call's input (a repeated layer's
+    later calls take other tensors), what an earlier layer's `mode` policy stores."""
+    t = layer.selective_input_stored_bytes
+    return t[held_index(mode) - 1] if t and layer.calls <= 1 else 0
+
+
+def _stored_in_redo(layer: LayerProfile, b: LayerBytes, stored: int) -> int:
+    """Of a selective layer's recomputation moment (`LayerBytes.redo`), its input an earlier
+    layer's policy stores ([Note: an input an earlier layer's policy stores]), where the moment
+    is what the layer saves and keeps. Where its measured recomputation peak stands for it
+    (`recompute_live`: a GRU's per-step outputs) that input is left in: torch's selective
+    cache (`_CachedTorchDispatchMode`) holds the stored outputs from the recomputation's start,
+    until it reaches their ops, which a full recomputation's peak does not count (a pointer
+    network's GRU, fused under full_shard+sac: -3.2% with it, -6.5% without)."""
+    if not stored or recompute_live(layer) - b.ws > recomputed_bytes(layer):
+        return 0
+    return min(stored, layer.input_saved_before_bytes + unsaved_input(layer))
+
+
 def held_index(mode: Checkpoint) -> int:
     """Where a `code_held` tuple holds the bytes for a producer checkpointed under `mode`."""
     return {Checkpoint.SELECTIVE: 1, Checkpoint.SELECTIVE_ALL: 2}.get(mode, 0)
@@ -314,14 +347,17 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
         layers = [as_policy(layer, mode) for layer in layers]
         recompute = sum(layer.forward_seconds if layer.selective_recompute_seconds is None
                         else layer.selective_recompute_seconds for layer in layers)
-        cost = unit_cost([_as_selective(layer) for layer in layers])
+        stored = [0, *(_stored_input(layer, mode) for layer in layers[1:])]
+        cost = unit_cost([_as_selective(layer, s) for layer, s in zip(layers, stored)])
         # the last layer's input when its module gathers again: its input, not its saved outputs
         last_extra = cost.layer_bytes[-1].kept - kept_when_checkpointed(layers[-1]) if len(layers) > 1 else 0
         # a layer's input live as it starts is its input, not the outputs its selective form keeps
         # ... and the outputs the calling code holds are what its policy does not keep
+        # ... and what an earlier layer stores of it is not recomputed beside it again
         cost = dataclasses.replace(cost, layer_bytes=tuple(
-            b._replace(inp=own_inputs(layer) // max(1, layer.calls), held=held_in_unit(layers, k, mode=mode))
-            for k, (b, layer) in enumerate(zip(cost.layer_bytes, layers))))
+            b._replace(inp=own_inputs(layer) // max(1, layer.calls), held=held_in_unit(layers, k, mode=mode),
+                       redo=b.redo - _stored_in_redo(layer, b, s))
+            for k, (b, layer, s) in enumerate(zip(cost.layer_bytes, layers, stored))))
         last = len(layers) - 1
         held = held_in_unit(layers, last, mode=mode) - held_in_unit(layers, last)
         # what its policy keeps of the outputs the caller holds past the unit's end (a Perceiver's
@@ -362,6 +398,8 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
                     entry_bytes=layers[0].entry_bytes + layers[0].held_to_save_bytes,
                     held_to_save_bytes=layers[0].held_to_save_bytes, exit_bytes=exit_net_of_held(layers),
                     lead_saved_before_bytes=layers[0].input_saved_before_bytes if layers[0].calls <= 1 else 0,
+                    lead_shared_bytes=min(layers[0].input_shared_bytes, own_inputs(layers[0])) if layers[0].calls <= 1
+                    else 0,
                     lead_resaved_bytes=layers[0].input_resaved_bytes if layers[0].calls <= 1 else None,
                     **dict(zip(("code_held", "code_held_bytes"), code_held_of(layers))),
                     layer_bytes=layer_bytes(layers),

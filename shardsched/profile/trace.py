@@ -63,8 +63,6 @@ class Untraceable(UsageError):
     message names the op. `profile.resolve.profiled` then measures it for real."""
 
 
-# ---------------------------------------------------------------- the trace
-
 # [Note: what outside code saves again]
 # A storage is counted once, at the code that saved it first. A conv block's ReLU saves its
 # output, and the pooling after the block (code outside every layer: the model's own forward,
@@ -275,15 +273,15 @@ def _shared_output(st: Stats, k: int, keys: tuple, nbytes: int, *, outside: bool
     code of another key saves for backward first (the next block's norm), or code outside every
     layer (a GELU between layers, folded into the producer): that key's saved tensors, kept
     inputs or `outside_bytes` count it in any plan, so the producer's selective layer does not
-    count it again (`LayerProfile.selective_saved_bytes`; a Mixer whose GELU follows its Linear
-    layers was 11% over under `+sac`). Saved by outside code, it is no unsaved input of that
-    code's forward either (its exit window does not count it), so it leaves
-    `selective_outside_input_bytes` too (a VAE's MSE loss saving the decoder's output, under
-    shard_grad_op+sac 3.0% under with it taken off the loss's transient)."""
+    count it again (`LayerProfile.selective_saved_bytes`; a Mixer: 11% over under `+sac`), nor
+    does a later layer take it off its input (`SacStats.unstore`). Saved by outside code, it is
+    no unsaved input of that code's forward either (its exit window does not count it), so it
+    leaves `selective_outside_input_bytes` too (a VAE's MSE loss saving the decoder's output,
+    under shard_grad_op+sac 3.0% under with it taken off the loss's transient)."""
     for sc in st.sac.values():
         for key in sc.seen.get(k) or ():
             if key not in keys or outside:
-                sc.saved[key] -= nbytes
+                sc.unstore(key, k, nbytes)
         if outside and k in sc.read_outside:  # counted there when that code read it
             for key in sc.seen.get(k) or ():
                 sc.outside[key] -= nbytes
@@ -342,6 +340,7 @@ def _layer(name: str, params: Sequence[nn.Parameter], st: Stats, device: DeviceS
         **dict(zip(("selective_saved_bytes", "selective_outside_input_bytes", "selective_forward_bytes",
                     "selective_recompute_seconds"), _selective(name, st.sac[Checkpoint.SELECTIVE], device))),
         selective_all=_selective(name, st.sac[Checkpoint.SELECTIVE_ALL], device),
+        selective_input_stored_bytes=tuple(st.sac[m].input_stored.get(name, 0) for m in sac.MODES),
         input_bytes=st.inputs.get(name, 0), entry_bytes=st.entry.get(name, 0), outside_bytes=st.outside.get(name, 0),
         **_code_held(name, st),
         outside_kept_bytes=st.outside_kept.get(name, 0), input_saved_bytes=st.input_saved.get(name, 0),

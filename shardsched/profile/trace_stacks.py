@@ -87,7 +87,7 @@ def expand(tracer: Tracer, full: list[str], kids: list[str], stacks) -> None:
     plain = (st.ops, st.acts, st.workspace, st.inputs, st.outside, st.outside_largest, st.calls, st.forward_peak, st.recompute_peak,
              st.forward_nosave, st.entry, st.exit, st.output, st.recall, st.bucketed, st.flight,
              st.outside_kept, st.input_saved, st.input_saved_before, st.input_saved_outside, st.input_resaved, st.input_shared,
-             *(d for sc in st.sac.values() for d in (sc.saved, sc.moved, sc.forward, sc.outside)))
+             *(d for sc in st.sac.values() for d in (sc.saved, sc.moved, sc.forward, sc.outside, sc.input_stored)))
     snap = {src: ({ph: dict(st.flops[ph].get(src, {})) for ph in ("fwd", "bwd")},
                   {ph: st.moved[ph].get(src, 0) for ph in ("fwd", "bwd")},
                   [d.get(src, 0) for d in plain], [dict(sc.flops.get(src, {})) for sc in st.sac.values()])
@@ -151,7 +151,7 @@ def fold(stats: Stats, ran: list[str], final: list[str]) -> None:
         # Its module is not the target's, so checkpointing the target does not recompute it
         # (nor does selective checkpointing store its outputs).
         for sc in stats.sac.values():
-            for d in (sc.saved, sc.moved, sc.flops, sc.outside):
+            for d in (sc.saved, sc.moved, sc.flops, sc.outside, sc.input_stored):
                 d.pop(k, None)
         stats.outside[target] += stats.acts.get(k, 0)
         stats.acts[target] += stats.acts.pop(k, 0)

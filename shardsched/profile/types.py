@@ -155,6 +155,9 @@ class LayerProfile:
     `selective_recompute_seconds`) under `+sac-all`, the policy that keeps every matmul's
     output (`core.sac_policy`); the four fields above are `+sac`'s, torchtitan's op policy.
     Empty = unknown (the planner then takes `+sac`'s, which keep less: a lower bound)."""
+    selective_input_stored_bytes: tuple[int, ...] = ()
+    """(`+sac`, `+sac-all`): of its inputs, what an earlier layer's policy stores ([Note: an
+    input an earlier layer's policy stores] in plan/units.py); () = unknown (none)."""
     calls: int = 1
     """Times its module runs in one forward (ALBERT's shared layer: once per depth).
     Parameters and workspace count once; `activation_bytes` and `input_bytes` are the

@@ -142,9 +142,10 @@ class Scenario:
         return u.checkpointed_start() if self.ckpt(i) and u.layer_bytes else u.backward_peak()
 
     def with_inputs_kept_before(self) -> "Scenario":
-        """Each recomputed unit after one that does not recompute, its first layer's input
-        retained by that unit ([Note: an input the unit before keeps])."""
-        return replace(self, units=tuple(u.kept_before() if i and self.ckpt(i) and not self.ckpt(i - 1) else u
+        """Each recomputed unit after another, its first layer's input retained by that unit:
+        saved there, or, recomputing too, kept as an input both take ([Note: an input the unit
+        before keeps])."""
+        return replace(self, units=tuple(u.kept_before(shared=bool(self.ckpt(i - 1))) if i and self.ckpt(i) else u
                                          for i, u in enumerate(self.units)))
 
     def fused(self, i: int) -> bool:

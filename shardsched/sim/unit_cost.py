@@ -57,8 +57,7 @@ class UnitCost:
     dims: tuple[tuple[int, int], ...] = ()
     """(dim-0 size, numel) per parameter, for FSDP2's dim-0 padding; () = unknown."""
     lead_activation_bytes: int = 0
-    """Activations of all its layers but the last, and the last one's input: live when
-    its last module starts."""
+    """Activations of all its layers but the last, and the last one's input: live when its last module starts."""
     input_bytes: int = 0
     """What it retains instead when checkpointed: its layers' forward inputs, and what
     code outside them saved (`LayerProfile.outside_bytes`: not recomputed)."""
@@ -115,14 +114,15 @@ class UnitCost:
     """Its layer whose backward (or its outside code's) first makes the gradient of the root's
     tied tensors (`LayerProfile.makes_tied_grad`); None: none of its layers."""
     lead_resaved_bytes: int | None = None  # its first layer's `LayerProfile.input_resaved_bytes`
-    lead_saved_before_bytes: int = 0  # its first layer's `input_saved_before_bytes` (`kept_before`)
+    lead_saved_before_bytes: int = 0  # its first layer's `input_saved_before_bytes`, `input_shared_bytes`:
+    lead_shared_bytes: int = 0  # `kept_before`
 
-    def kept_before(self) -> "UnitCost":
+    def kept_before(self, *, shared: bool = False) -> "UnitCost":
         """[Note: an input the unit before keeps] A recomputed unit keeps its first layer's input,
-        counted where it was saved first (a ReLU ending the layer before); a unit before that does
-        not recompute retains it itself (kept twice, a CNN alternating checkpointed and plain blocks
-        was 19% over). The MILP keeps that upper bound; the simulator takes it off."""
-        kb, lb = self.lead_saved_before_bytes, self.layer_bytes
+        saved first by a unit before that does not recompute (a ReLU ending it: a CNN alternating
+        checkpointed and plain blocks, 19% over) or, `shared`, kept by one that does (a T5 bias
+        every block takes, one unit each: +9.3% under +sac): counted there. MILP: the bound."""
+        kb, lb = self.lead_shared_bytes if shared else self.lead_saved_before_bytes, self.layer_bytes
         if not kb or not lb:
             return self
         first = lb[0]._replace(kept=lb[0].kept - kb, redo=lb[0].redo - kb, inp=max(0, lb[0].inp - kb))

@@ -57,3 +57,17 @@ def test_user_resnet_peak_matches_fsdp2(strategy):
                      precision="fp32", optimizer="adam")
     model, inputs = _build()
     assert plan.predicted.peak_bytes == pytest.approx(measured_peak(model, inputs, plan), rel=0.005)
+
+
+def test_a_stored_output_the_next_layer_saves_is_not_taken_off_its_input():
+    """The stem's conv output is stored by `+sac` and saved by the BatchNorm after it first: it
+    is the BatchNorm's activation, not the conv's saved output, so the BatchNorm's kept input is
+    not taken net of it ([Note: an input an earlier layer's policy stores] in plan/units.py;
+    taken off twice, shard_grad_op+sac was 8.7% under)."""
+    torch.set_num_threads(1)
+    model, inputs = _build()
+    layers = {x.name: x for x in trace_profile(model, inputs, name="r", device=DEVICES["cpu"]).layers}
+    conv_out = 4 * 16 * 32 * 32 * 4  # (B, C, H, W) float32
+    assert layers["stem.1"].input_bytes == conv_out
+    assert layers["stem.0"].selective_saved_bytes == 0
+    assert layers["stem.1"].selective_input_stored_bytes == (0, 0)
