@@ -73,3 +73,26 @@ def build_dinov2_labels(micro_batch: int = 4):
 
 def build_wav2vec2_layerdrop(micro_batch: int = 2):
     return build_wav2vec2(micro_batch, layerdrop=0.7)
+
+
+def build_t5(micro_batch: int = 4):
+    """T5 trained through `labels=`: its first block of each stack computes the relative
+    position bias, which it returns and every later block takes (one storage several layers'
+    checkpoints keep). The KV cache off, as `python:` loading sets it (`models.hf.training_defaults`)."""
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from shardsched.models.hf import training_defaults
+    cfg = T5Config(vocab_size=320, d_model=64, d_kv=16, d_ff=128, num_layers=4, num_decoder_layers=4, num_heads=4,
+                   dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
+    g = _gen()
+
+    class T5(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.t5 = T5ForConditionalGeneration(cfg)
+
+        def forward(self, input_ids, labels):
+            return self.t5(input_ids=input_ids, labels=labels).loss
+    model = T5()
+    training_defaults(model)
+    return model, (torch.randint(0, 320, (micro_batch, 48), generator=g), torch.randint(0, 320, (micro_batch, 32), generator=g))
