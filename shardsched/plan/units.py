@@ -120,7 +120,9 @@ def kept_when_selective(layer: LayerProfile) -> int:
 # input Linear before its message passing, fused under full_shard+sac: +4.7%). Inside a
 # selective unit the later layer's kept input, and its recomputation moment, are taken net of
 # it (`LayerProfile.selective_input_stored_bytes`, `_stored_in_redo`); a unit's first layer
-# keeps its own, the earlier layer being another unit's, whose policy may not be this one. A
+# keeps its own, the earlier layer being another unit's, whose policy may not be this one; and
+# only the layer just before counts (what an earlier one stored, another unit's or a shared
+# input `kept_in_unit` takes off already, would be taken off twice). A
 # stored output the later layer's own code saves (a BatchNorm after its conv) is its activation
 # and not the producer's saved output (`_shared_output` in profile/trace.py): the trace leaves
 # it out of both, or a ResNet's stem under shard_grad_op+sac was 8.7% under.

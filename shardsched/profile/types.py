@@ -156,8 +156,10 @@ class LayerProfile:
     output (`core.sac_policy`); the four fields above are `+sac`'s, torchtitan's op policy.
     Empty = unknown (the planner then takes `+sac`'s, which keep less: a lower bound)."""
     selective_input_stored_bytes: tuple[int, ...] = ()
-    """(`+sac`, `+sac-all`): of its inputs, what an earlier layer's policy stores ([Note: an
-    input an earlier layer's policy stores] in plan/units.py); () = unknown (none)."""
+    """(`+sac`, `+sac-all`): of its inputs, what the layer called just before it stores under
+    that policy ([Note: an input an earlier layer's policy stores] in plan/units.py: a storage
+    an earlier layer stored, an encoder's output every decoder layer takes, is left out, as
+    `input_shared_bytes` counts it); () = unknown (none)."""
     calls: int = 1
     """Times its module runs in one forward (ALBERT's shared layer: once per depth).
     Parameters and workspace count once; `activation_bytes` and `input_bytes` are the
