@@ -264,7 +264,7 @@ def layer_bytes(layers: list[LayerProfile]) -> tuple[LayerBytes, ...]:
 
 def _stored_input(layer: LayerProfile, mode: Checkpoint) -> int:
     """[Note: an input an earlier layer's policy stores]: of one call's input (a repeated layer's
-    later calls take other tensors), what an earlier layer's `mode` policy stores."""
+    later calls take other tensors), what the layer before it stores under `mode`'s policy."""
     t = layer.selective_input_stored_bytes
     return t[held_index(mode) - 1] if t and layer.calls <= 1 else 0
 
@@ -400,8 +400,8 @@ def unit_cost(layers: list[LayerProfile], mode: Checkpoint = Checkpoint.NONE) ->
                     entry_bytes=layers[0].entry_bytes + layers[0].held_to_save_bytes,
                     held_to_save_bytes=layers[0].held_to_save_bytes, exit_bytes=exit_net_of_held(layers),
                     lead_saved_before_bytes=layers[0].input_saved_before_bytes if layers[0].calls <= 1 else 0,
-                    lead_shared_bytes=min(layers[0].input_shared_bytes, own_inputs(layers[0])) if layers[0].calls <= 1
-                    else 0,
+                    lead_shared_bytes=(min(layers[0].input_shared_bytes, own_inputs(layers[0]))
+                                       if layers[0].calls <= 1 else 0),
                     lead_resaved_bytes=layers[0].input_resaved_bytes if layers[0].calls <= 1 else None,
                     **dict(zip(("code_held", "code_held_bytes"), code_held_of(layers))),
                     layer_bytes=layer_bytes(layers),

@@ -185,7 +185,7 @@ class Tracer:
                 prev = self.sequence[-1] if self.sequence else None  # the layer before it: only its policy
                 for sc in self.stats.sac.values():  # [Note: an input an earlier layer's policy stores]
                     stored = {storage_key(t): t for t in L.tensors_in((args, kwargs)) if storage_key(t) not in
-                              sc.unstored and prev in sc.seen.get(storage_key(t), ()) and prev != name}
+                              sc.unstored and prev in sc.seen.get(storage_key(t), ())}
                     sc.input_stored[name] = storage_bytes(list(stored.values()))
                     for k in stored:
                         sc.input_stored_by[k].append(name)

@@ -114,8 +114,8 @@ class UnitCost:
     """Its layer whose backward (or its outside code's) first makes the gradient of the root's
     tied tensors (`LayerProfile.makes_tied_grad`); None: none of its layers."""
     lead_resaved_bytes: int | None = None  # its first layer's `LayerProfile.input_resaved_bytes`
-    lead_saved_before_bytes: int = 0  # its first layer's `input_saved_before_bytes`, `input_shared_bytes`:
-    lead_shared_bytes: int = 0  # `kept_before`
+    lead_saved_before_bytes: int = 0  # its first layer's `input_saved_before_bytes` (`kept_before`)
+    lead_shared_bytes: int = 0  # its first layer's `input_shared_bytes` (`kept_before(shared=True)`)
 
     def kept_before(self, *, shared: bool = False) -> "UnitCost":
         """[Note: an input the unit before keeps] A recomputed unit keeps its first layer's input,
